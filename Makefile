@@ -1,0 +1,125 @@
+# gpuguard - allocator shim and OOM guard for GPU training.
+#
+#   make              build/libgpuguard.so and build/gpuguard-check
+#   make test         every test (no GPU needed); SANITIZE=1 for ASan+UBSan
+#   make test-tsan    the threaded unit tests under ThreadSanitizer
+#   make demo         a simulated training run under the guard
+#   make bench        what the shim costs (DESIGN.md section 6)
+#   make install PREFIX=/usr/local DESTDIR=
+
+CUDA_HOME ?= /usr/local/cuda
+PREFIX    ?= /usr/local
+DESTDIR   ?=
+PYTHON    ?= python3
+
+ifeq ($(SANITIZE),1)
+BUILD     ?= build/san
+SANFLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+else ifeq ($(SANITIZE),thread)
+BUILD     ?= build/tsan
+SANFLAGS  := -fsanitize=thread -fno-omit-frame-pointer
+else
+BUILD     ?= build
+SANFLAGS  :=
+endif
+
+CC        ?= cc
+OPT       ?= -O2
+CFLAGS    := -std=c11 -D_GNU_SOURCE $(OPT) -g -fPIC -Wall -Wextra -Werror \
+             -Wshadow -Wstrict-prototypes -Wmissing-prototypes $(SANFLAGS)
+CUDA_INC  := -I$(CUDA_HOME)/include
+DEP_CFLAGS := $(shell pkg-config --cflags libunwind inih 2>/dev/null)
+DEP_LIBS   := $(shell pkg-config --libs libunwind inih 2>/dev/null)
+LDFLAGS   := $(SANFLAGS)
+
+# The shim: hidden by default; only the hooks and the gpuguard_* API export.
+SHIM_SRC  := $(sort $(wildcard shim/*.c))
+SHIM_OBJ  := $(patsubst shim/%.c,$(BUILD)/shim/%.o,$(SHIM_SRC))
+SHIM_LIB  := $(BUILD)/libgpuguard.so
+# Everything but the exported entry points, for unit tests and tools.
+CORE_OBJ  := $(filter-out $(BUILD)/shim/hooks_%.o $(BUILD)/shim/api.o,$(SHIM_OBJ))
+CORE_LIB  := $(BUILD)/libggcore.a
+
+.PHONY: all deps test test-unit test-e2e test-tsan demo bench install clean check-deps
+all: check-deps $(SHIM_LIB) $(BUILD)/gpuguard-check
+
+# One clear message, with the command that installs what is missing.
+check-deps:
+	@sh tools/deps.sh check "$(CUDA_HOME)"
+
+# `make test` and `make demo` install the Debian packages themselves as root.
+deps:
+	@sh tools/deps.sh install "$(CUDA_HOME)"
+
+$(BUILD)/shim/%.o: shim/%.c shim/*.h include/gpuguard.h | $(BUILD)/shim
+	$(CC) $(CFLAGS) -fvisibility=hidden -Iinclude $(CUDA_INC) $(DEP_CFLAGS) -c $< -o $@
+
+$(SHIM_LIB): $(SHIM_OBJ)
+	$(CC) -shared -o $@ $^ $(LDFLAGS) -Wl,-z,defs -Wl,--as-needed $(DEP_LIBS) -ldl -lpthread
+	@! readelf -d $@ | grep -Eq 'NEEDED.*lib(cudart|cuda)\.so' || \
+	  { echo "gpuguard: $@ must not need libcudart or libcuda" >&2; rm -f $@; exit 1; }
+
+$(CORE_LIB): $(CORE_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/shim $(BUILD)/tests/unit $(BUILD)/tests/progs $(BUILD)/fake:
+	mkdir -p $@
+
+-include tests/fake/fake.mk
+-include tools/check/check.mk
+
+# Unit tests: one per module, linked against the core archive.
+UNIT_SRC  := $(sort $(wildcard tests/unit/test_*.c))
+UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/unit/%,$(UNIT_SRC))
+$(BUILD)/tests/unit/%: tests/unit/%.c tests/unit/unit.h $(CORE_LIB) | $(BUILD)/tests/unit
+	$(CC) $(CFLAGS) -Iinclude -Ishim $(CUDA_INC) $(DEP_CFLAGS) $< $(CORE_LIB) -o $@ \
+	  $(LDFLAGS) $(DEP_LIBS) -ldl -lpthread
+
+# Test programs: ordinary CUDA applications, linked against the fake runtime.
+PROG_SRC  := $(sort $(wildcard tests/progs/*.c))
+PROG_BIN  := $(patsubst tests/progs/%.c,$(BUILD)/tests/progs/%,$(PROG_SRC))
+$(BUILD)/tests/progs/%: tests/progs/%.c $(FAKE_CUDART) | $(BUILD)/tests/progs
+	$(CC) $(CFLAGS) -fno-omit-frame-pointer -Iinclude $(CUDA_INC) $< -o $@ $(LDFLAGS) \
+	  -L$(BUILD)/fake -l:libcudart.so.13 -Wl,-rpath,'$$ORIGIN/../../fake' -ldl -lpthread
+
+TEST_DEPS := $(SHIM_LIB) $(BUILD)/gpuguard-check $(FAKE_LIBS) $(UNIT_BIN) $(PROG_BIN)
+
+test: deps
+	@$(MAKE) --no-print-directory $(TEST_DEPS)
+	@GG_BUILD=$(BUILD) GG_SANITIZE=$(SANITIZE) $(PYTHON) tests/run.py
+
+test-unit: $(UNIT_BIN)
+	@GG_BUILD=$(BUILD) GG_SANITIZE=$(SANITIZE) $(PYTHON) tests/run.py --unit
+
+test-e2e: $(TEST_DEPS)
+	@GG_BUILD=$(BUILD) GG_SANITIZE=$(SANITIZE) $(PYTHON) tests/run.py --e2e
+
+# ThreadSanitizer over the threaded unit tests (ledger, stack table, advice).
+test-tsan: deps
+	@$(MAKE) --no-print-directory SANITIZE=thread $(patsubst $(BUILD)/%,build/tsan/%,$(UNIT_BIN))
+	@GG_BUILD=build/tsan GG_SANITIZE=thread $(PYTHON) tests/run.py --unit
+
+demo: deps
+	@$(MAKE) --no-print-directory $(SHIM_LIB) $(FAKE_LIBS)
+	@GG_BUILD=$(BUILD) $(PYTHON) tools/demo/demo.py
+
+bench: deps
+	@$(MAKE) --no-print-directory OPT=-O2 $(SHIM_LIB) $(FAKE_LIBS) $(BUILD)/bench/bench
+	@GG_BUILD=$(BUILD) $(PYTHON) bench/run.py
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin \
+	  $(DESTDIR)$(PREFIX)/share/gpuguard/policy $(DESTDIR)$(PREFIX)/lib/pkgconfig \
+	  $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard
+	install -m 0755 $(SHIM_LIB) $(DESTDIR)$(PREFIX)/lib/libgpuguard.so
+	install -m 0644 include/gpuguard.h $(DESTDIR)$(PREFIX)/include/gpuguard.h
+	install -m 0644 policy/*.ini $(DESTDIR)$(PREFIX)/share/gpuguard/policy/
+	install -m 0755 $(BUILD)/gpuguard-check $(DESTDIR)$(PREFIX)/bin/gpuguard-check
+	install -m 0755 tools/gpuguard-run $(DESTDIR)$(PREFIX)/bin/gpuguard-run
+	install -m 0755 tools/gpuguard-report $(DESTDIR)$(PREFIX)/bin/gpuguard-report
+	install -m 0644 tools/python/gpuguard/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|0.1.0|g' tools/gpuguard.pc.in \
+	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/gpuguard.pc
+
+clean:
+	rm -rf build
