@@ -42,6 +42,8 @@ void gg_json_f64(struct gg_json *j, double v);      /* %.6f; non-finite -> null 
 void gg_json_bool(struct gg_json *j, bool v);
 void gg_json_null(struct gg_json *j);
 void gg_json_hex(struct gg_json *j, uintptr_t v);   /* "0x7f..." as a string */
+/* End the line: a newline after the closed top-level value. */
+void gg_json_raw_newline(struct gg_json *j);
 
 /* Shorthands for "key": value inside an object. */
 void gg_json_kstr(struct gg_json *j, const char *k, const char *v);

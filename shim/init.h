@@ -1,0 +1,60 @@
+/* init.h - the shim's life: lazy start, the hook gate, fork, exit.
+ *
+ * Nothing happens when the library is loaded. The first intercepted CUDA
+ * call starts the guard (options, devices, policies, journal); a process
+ * that never calls CUDA is never touched. Every hook passes through the
+ * gate: gg_enter() says whether this call is the guard's to count, and
+ * makes calls nested inside it (the runtime calling the driver through a
+ * hook the shim handed it) pass straight through, so nothing is counted
+ * twice (DESIGN.md section 2.2).
+ */
+#ifndef GG_INIT_H
+#define GG_INIT_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "os.h"
+
+enum gg_state {
+    GG_STATE_UNSTARTED = 0,
+    GG_STATE_STARTING,
+    GG_STATE_ACTIVE,
+    GG_STATE_PASSTHROUGH, /* off, failed, or a forked child: forward everything */
+};
+
+extern _Atomic int gg_state;
+extern GG_TLS int gg_depth;
+
+bool gg_enter_slow(void);
+
+/* True when the caller is to count this call; it must then gg_leave(). */
+static inline bool gg_enter(void)
+{
+    if (gg_depth)
+        return false;
+    if (gg_likely(atomic_load_explicit(&gg_state, memory_order_acquire) == GG_STATE_ACTIVE)) {
+        gg_depth = 1;
+        return true;
+    }
+    return gg_enter_slow();
+}
+
+static inline void gg_leave(void)
+{
+    gg_depth = 0;
+}
+
+/* Stop counting for good (an internal failure, said once by the caller). */
+void gg_passthrough(void);
+
+/* Write the summary now if it has not been written (exit path). */
+void gg_finish(void);
+
+/* Is the guard counting? (for the C API) */
+static inline bool gg_active(void)
+{
+    return atomic_load_explicit(&gg_state, memory_order_acquire) == GG_STATE_ACTIVE;
+}
+
+#endif /* GG_INIT_H */
