@@ -45,8 +45,20 @@ static void report_policy(void *ctx, const char *file, int line, const char *msg
         gg_journal_error("%s: %s", file, msg);
 }
 
+static void *_Atomic rt_get_device_count;
+
 static bool load_driver(void)
 {
+    /* The first call may come through the runtime before it has loaded its
+     * driver (it does so on its first call, from a path of its own): let it,
+     * so the shim uses the very libcuda the runtime uses. */
+    if (!gg_resolve_driver("cuInit", false)) {
+        cudaError_t (*count)(int *) = (cudaError_t(*)(int *))gg_resolve_runtime(
+            &rt_get_device_count, "cudaGetDeviceCount");
+        int n;
+        if (count)
+            (void)count(&n);
+    }
 #define DRV(field, name) \
     (*(void **)&drv.field = gg_resolve_driver(name, true)) != NULL
     return DRV(init, "cuInit") && DRV(device_get_count, "cuDeviceGetCount") &&
