@@ -1,0 +1,584 @@
+/*
+ * fakecudart.c - a fake CUDA runtime (libcudart.so.13) for GPU-free tests.
+ *
+ * Behaves like the real one where the shim cares:
+ *   - linked -Bsymbolic (DT_SYMBOLIC), no DT_NEEDED on libcuda;
+ *   - on first use dlopens libcuda.so.1 (RTLD_NOW | RTLD_LOCAL; see
+ *     open_driver for which one), takes cuGetProcAddress_v2 with dlsym on that
+ *     handle and resolves every driver function it uses through it (with
+ *     version 13000; legacy and per-thread variants of the stream-ordered ones);
+ *   - cudaGetDriverEntryPoint* forward to that same cuGetProcAddress_v2;
+ *   - per-thread current device (default 0) and last error; the primary
+ *     context is retained on first use and made current per thread.
+ */
+#define __CUDA_API_VERSION_INTERNAL 1 /* declares both foo and foo_ptsz */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <string.h>
+#include <unistd.h>
+
+#define RT_VERSION 13000
+#define MAXDEV     64
+
+typedef CUresult (*pfn_getproc)(const char *, void **, int, cuuint64_t,
+                                CUdriverProcAddressQueryResult *);
+
+static struct {
+    CUresult (*Init)(unsigned int);
+    CUresult (*DriverGetVersion)(int *);
+    CUresult (*DeviceGetCount)(int *);
+    CUresult (*DeviceGet)(CUdevice *, int);
+    CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
+    CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*CtxSynchronize)(void);
+    CUresult (*MemGetInfo)(size_t *, size_t *);
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*MemFree)(CUdeviceptr);
+    CUresult (*MemAllocManaged)(CUdeviceptr *, size_t, unsigned int);
+    CUresult (*MemAllocPitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+    CUresult (*MemAllocAsync)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*MemAllocAsync_ptsz)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*MemFreeAsync)(CUdeviceptr, CUstream);
+    CUresult (*MemFreeAsync_ptsz)(CUdeviceptr, CUstream);
+    CUresult (*MemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+    CUresult (*MemAllocFromPoolAsync_ptsz)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+} D;
+
+static pfn_getproc g_getproc;
+static pthread_once_t g_load_once = PTHREAD_ONCE_INIT;
+static cudaError_t g_load_err;
+static pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
+static cudaError_t g_init_err;
+static int g_ndev;
+
+static CUcontext g_prim[MAXDEV];
+static pthread_mutex_t g_prim_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static __thread int t_dev;
+static __thread int t_bound = -1; /* device whose primary context is current here */
+static __thread cudaError_t t_last = cudaSuccess;
+
+static cudaError_t map_err(CUresult r)
+{
+    switch (r) {
+    case CUDA_SUCCESS: return cudaSuccess;
+    case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
+    case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
+    default: return (cudaError_t)r;
+    }
+}
+
+static cudaError_t ret(cudaError_t e)
+{
+    if (e != cudaSuccess)
+        t_last = e;
+    return e;
+}
+
+static cudaError_t ret_cu(CUresult r)
+{
+    return ret(map_err(r));
+}
+
+/* Like the real runtime: dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL).  A
+ * libcuda.so.1 already loaded wins; then the fake beside this library (by full
+ * path: under ASan the dlopen interceptor hides our RUNPATH, and a machine
+ * with a real driver must never get it by accident); then the plain name. */
+static void *open_driver(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (h)
+        return h;
+    Dl_info di;
+    if (dladdr((void *)&open_driver, &di) && di.dli_fname) {
+        const char *slash = strrchr(di.dli_fname, '/');
+        char path[4096];
+        if (slash && (size_t)(slash - di.dli_fname) + sizeof "/libcuda.so.1" <= sizeof path) {
+            memcpy(path, di.dli_fname, (size_t)(slash - di.dli_fname));
+            memcpy(path + (slash - di.dli_fname), "/libcuda.so.1", sizeof "/libcuda.so.1");
+            if (access(path, F_OK) == 0 && (h = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
+                return h;
+        }
+    }
+    return dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+}
+
+static void *resolve(const char *name, cuuint64_t flags)
+{
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    if (g_getproc(name, &fn, RT_VERSION, flags, &st) != CUDA_SUCCESS ||
+        st != CU_GET_PROC_ADDRESS_SUCCESS)
+        return NULL;
+    return fn;
+}
+
+#define RESOLVE(field, name, flags)                                                        \
+    do {                                                                                   \
+        if (!(D.field = (__typeof__(D.field))resolve(name, flags)))                        \
+            missing = 1;                                                                   \
+    } while (0)
+
+static void do_load(void)
+{
+    void *h = open_driver();
+    if (!h) {
+        g_load_err = cudaErrorInsufficientDriver;
+        return;
+    }
+    g_getproc = (pfn_getproc)dlsym(h, "cuGetProcAddress_v2");
+    if (!g_getproc) {
+        g_load_err = cudaErrorInsufficientDriver;
+        return;
+    }
+    const cuuint64_t L = CU_GET_PROC_ADDRESS_LEGACY_STREAM;
+    const cuuint64_t P = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    int missing = 0;
+    RESOLVE(Init, "cuInit", L);
+    RESOLVE(DriverGetVersion, "cuDriverGetVersion", L);
+    RESOLVE(DeviceGetCount, "cuDeviceGetCount", L);
+    RESOLVE(DeviceGet, "cuDeviceGet", L);
+    RESOLVE(DeviceGetAttribute, "cuDeviceGetAttribute", L);
+    RESOLVE(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", L);
+    RESOLVE(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", L);
+    RESOLVE(CtxSetCurrent, "cuCtxSetCurrent", L);
+    RESOLVE(CtxSynchronize, "cuCtxSynchronize", L);
+    RESOLVE(MemGetInfo, "cuMemGetInfo", L);
+    RESOLVE(MemAlloc, "cuMemAlloc", L);
+    RESOLVE(MemFree, "cuMemFree", L);
+    RESOLVE(MemAllocManaged, "cuMemAllocManaged", L);
+    RESOLVE(MemAllocPitch, "cuMemAllocPitch", L);
+    RESOLVE(MemAllocAsync, "cuMemAllocAsync", L);
+    RESOLVE(MemAllocAsync_ptsz, "cuMemAllocAsync", P);
+    RESOLVE(MemFreeAsync, "cuMemFreeAsync", L);
+    RESOLVE(MemFreeAsync_ptsz, "cuMemFreeAsync", P);
+    RESOLVE(MemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", L);
+    RESOLVE(MemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", P);
+    if (missing)
+        g_load_err = cudaErrorInsufficientDriver;
+}
+
+/* The driver is loaded and its functions resolved (no cuInit). */
+static cudaError_t rt_load(void)
+{
+    pthread_once(&g_load_once, do_load);
+    return g_load_err;
+}
+
+static void do_init(void)
+{
+    if ((g_init_err = rt_load()) != cudaSuccess)
+        return;
+    CUresult r = D.Init(0);
+    if (r == CUDA_SUCCESS)
+        r = D.DeviceGetCount(&g_ndev);
+    g_init_err = map_err(r);
+}
+
+/* The driver is initialised. */
+static cudaError_t rt_init(void)
+{
+    pthread_once(&g_init_once, do_init);
+    return g_init_err;
+}
+
+/* The current device's primary context is current on this thread. */
+static cudaError_t ensure_ctx(void)
+{
+    cudaError_t e = rt_init();
+    if (e != cudaSuccess)
+        return e;
+    if (t_bound == t_dev)
+        return cudaSuccess;
+    if (t_dev < 0 || t_dev >= g_ndev || t_dev >= MAXDEV)
+        return cudaErrorInvalidDevice;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_prim_mu);
+    if (!g_prim[t_dev]) {
+        CUdevice d;
+        r = D.DeviceGet(&d, t_dev);
+        if (r == CUDA_SUCCESS)
+            r = D.DevicePrimaryCtxRetain(&g_prim[t_dev], d);
+    }
+    CUcontext c = g_prim[t_dev];
+    pthread_mutex_unlock(&g_prim_mu);
+    if (r == CUDA_SUCCESS)
+        r = D.CtxSetCurrent(c);
+    if (r != CUDA_SUCCESS)
+        return map_err(r);
+    t_bound = t_dev;
+    return cudaSuccess;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Devices                                                                   */
+
+cudaError_t CUDARTAPI cudaGetDeviceCount(int *count)
+{
+    if (!count)
+        return ret(cudaErrorInvalidValue);
+    cudaError_t e = rt_init();
+    *count = e == cudaSuccess ? g_ndev : 0;
+    return ret(e);
+}
+
+cudaError_t CUDARTAPI cudaGetDevice(int *device)
+{
+    if (!device)
+        return ret(cudaErrorInvalidValue);
+    cudaError_t e = rt_init();
+    if (e != cudaSuccess)
+        return ret(e);
+    *device = t_dev;
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaSetDevice(int device)
+{
+    cudaError_t e = rt_init();
+    if (e != cudaSuccess)
+        return ret(e);
+    if (device < 0 || device >= g_ndev || device >= MAXDEV)
+        return ret(cudaErrorInvalidDevice);
+    t_dev = device;
+    return ret(ensure_ctx());
+}
+
+cudaError_t CUDARTAPI cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
+{
+    cudaError_t e = rt_init();
+    if (e != cudaSuccess)
+        return ret(e);
+    if (!value)
+        return ret(cudaErrorInvalidValue);
+    if (device < 0 || device >= g_ndev)
+        return ret(cudaErrorInvalidDevice);
+    CUdevice d;
+    CUresult r = D.DeviceGet(&d, device);
+    if (r == CUDA_SUCCESS)
+        r = D.DeviceGetAttribute(value, (CUdevice_attribute)attr, d);
+    return ret_cu(r);
+}
+
+cudaError_t CUDARTAPI cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int device)
+{
+    cudaError_t e = rt_init();
+    if (e != cudaSuccess)
+        return ret(e);
+    if (!memPool)
+        return ret(cudaErrorInvalidValue);
+    if (device < 0 || device >= g_ndev)
+        return ret(cudaErrorInvalidDevice);
+    CUdevice d;
+    CUresult r = D.DeviceGet(&d, device);
+    if (r == CUDA_SUCCESS)
+        r = D.DeviceGetDefaultMemPool((CUmemoryPool *)memPool, d);
+    return ret_cu(r);
+}
+
+cudaError_t CUDARTAPI cudaDeviceSynchronize(void)
+{
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    return ret_cu(D.CtxSynchronize());
+}
+
+cudaError_t CUDARTAPI cudaDriverGetVersion(int *driverVersion)
+{
+    if (!driverVersion)
+        return ret(cudaErrorInvalidValue);
+    if (rt_load() != cudaSuccess) {
+        *driverVersion = 0;
+        return cudaSuccess;
+    }
+    return ret_cu(D.DriverGetVersion(driverVersion));
+}
+
+cudaError_t CUDARTAPI cudaRuntimeGetVersion(int *runtimeVersion)
+{
+    if (!runtimeVersion)
+        return ret(cudaErrorInvalidValue);
+    *runtimeVersion = RT_VERSION;
+    return cudaSuccess;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Memory                                                                    */
+
+cudaError_t CUDARTAPI cudaMalloc(void **devPtr, size_t size)
+{
+    if (!devPtr)
+        return ret(cudaErrorInvalidValue);
+    *devPtr = NULL;
+    if (size == 0)
+        return cudaSuccess;
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    CUdeviceptr p = 0;
+    CUresult r = D.MemAlloc(&p, size);
+    if (r == CUDA_SUCCESS)
+        *devPtr = (void *)(uintptr_t)p;
+    return ret_cu(r);
+}
+
+cudaError_t CUDARTAPI cudaFree(void *devPtr)
+{
+    if (!devPtr)
+        return cudaSuccess;
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    return ret_cu(D.MemFree((CUdeviceptr)(uintptr_t)devPtr));
+}
+
+cudaError_t CUDARTAPI cudaMallocManaged(void **devPtr, size_t size, unsigned int flags)
+{
+    if (!devPtr || size == 0)
+        return ret(cudaErrorInvalidValue);
+    *devPtr = NULL;
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    CUdeviceptr p = 0;
+    CUresult r = D.MemAllocManaged(&p, size, flags);
+    if (r == CUDA_SUCCESS)
+        *devPtr = (void *)(uintptr_t)p;
+    return ret_cu(r);
+}
+
+cudaError_t CUDARTAPI cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height)
+{
+    if (!devPtr || !pitch)
+        return ret(cudaErrorInvalidValue);
+    *devPtr = NULL;
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    CUdeviceptr p = 0;
+    CUresult r = D.MemAllocPitch(&p, pitch, width, height, 16);
+    if (r == CUDA_SUCCESS)
+        *devPtr = (void *)(uintptr_t)p;
+    return ret_cu(r);
+}
+
+static cudaError_t malloc_async(CUresult (*fn)(CUdeviceptr *, size_t, CUstream), void **devPtr,
+                                size_t size, cudaStream_t stream)
+{
+    if (!devPtr)
+        return ret(cudaErrorInvalidValue);
+    *devPtr = NULL;
+    if (size == 0)
+        return cudaSuccess;
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    CUdeviceptr p = 0;
+    CUresult r = fn(&p, size, (CUstream)stream);
+    if (r == CUDA_SUCCESS)
+        *devPtr = (void *)(uintptr_t)p;
+    return ret_cu(r);
+}
+
+static cudaError_t free_async(CUresult (*fn)(CUdeviceptr, CUstream), void *devPtr,
+                              cudaStream_t stream)
+{
+    if (!devPtr)
+        return cudaSuccess;
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    return ret_cu(fn((CUdeviceptr)(uintptr_t)devPtr, (CUstream)stream));
+}
+
+static cudaError_t malloc_pool(CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream),
+                               void **ptr, size_t size, cudaMemPool_t pool, cudaStream_t stream)
+{
+    if (!ptr || !pool)
+        return ret(cudaErrorInvalidValue);
+    *ptr = NULL;
+    if (size == 0)
+        return cudaSuccess;
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    CUdeviceptr p = 0;
+    CUresult r = fn(&p, size, (CUmemoryPool)pool, (CUstream)stream);
+    if (r == CUDA_SUCCESS)
+        *ptr = (void *)(uintptr_t)p;
+    return ret_cu(r);
+}
+
+/* The stream-ordered entry points need a loaded driver to know D.*. */
+#define NEED_LOAD()                                                                        \
+    do {                                                                                   \
+        cudaError_t le_ = rt_load();                                                       \
+        if (le_ != cudaSuccess)                                                            \
+            return ret(le_);                                                               \
+    } while (0)
+
+cudaError_t CUDARTAPI cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
+{
+    NEED_LOAD();
+    return malloc_async(D.MemAllocAsync, devPtr, size, hStream);
+}
+
+cudaError_t CUDARTAPI cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream)
+{
+    NEED_LOAD();
+    return malloc_async(D.MemAllocAsync_ptsz, devPtr, size, hStream);
+}
+
+cudaError_t CUDARTAPI cudaFreeAsync(void *devPtr, cudaStream_t hStream)
+{
+    NEED_LOAD();
+    return free_async(D.MemFreeAsync, devPtr, hStream);
+}
+
+cudaError_t CUDARTAPI cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream)
+{
+    NEED_LOAD();
+    return free_async(D.MemFreeAsync_ptsz, devPtr, hStream);
+}
+
+cudaError_t CUDARTAPI cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t memPool,
+                                              cudaStream_t stream)
+{
+    NEED_LOAD();
+    return malloc_pool(D.MemAllocFromPoolAsync, ptr, size, memPool, stream);
+}
+
+cudaError_t CUDARTAPI cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool,
+                                                   cudaStream_t stream)
+{
+    NEED_LOAD();
+    return malloc_pool(D.MemAllocFromPoolAsync_ptsz, ptr, size, memPool, stream);
+}
+
+cudaError_t CUDARTAPI cudaMemGetInfo(size_t *free_bytes, size_t *total)
+{
+    if (!free_bytes || !total)
+        return ret(cudaErrorInvalidValue);
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    return ret_cu(D.MemGetInfo(free_bytes, total));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                    */
+
+static const struct {
+    cudaError_t code;
+    const char *name, *str;
+} g_errs[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
+    {cudaErrorCudartUnloading, "cudaErrorCudartUnloading", "driver shutting down"},
+    {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver",
+     "CUDA driver version is insufficient for CUDA runtime version"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorDeviceUninitialized, "cudaErrorDeviceUninitialized", "invalid device context"},
+    {cudaErrorOperatingSystem, "cudaErrorOperatingSystem",
+     "OS call failed or operation not supported on this OS"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorSymbolNotFound, "cudaErrorSymbolNotFound", "named symbol not found"},
+    {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
+};
+
+const char *CUDARTAPI cudaGetErrorString(cudaError_t error)
+{
+    for (size_t i = 0; i < sizeof g_errs / sizeof g_errs[0]; i++)
+        if (g_errs[i].code == error)
+            return g_errs[i].str;
+    return "unrecognized error code";
+}
+
+const char *CUDARTAPI cudaGetErrorName(cudaError_t error)
+{
+    for (size_t i = 0; i < sizeof g_errs / sizeof g_errs[0]; i++)
+        if (g_errs[i].code == error)
+            return g_errs[i].name;
+    return "unrecognized error code";
+}
+
+cudaError_t CUDARTAPI cudaGetLastError(void)
+{
+    cudaError_t e = t_last;
+    t_last = cudaSuccess;
+    return e;
+}
+
+cudaError_t CUDARTAPI cudaPeekAtLastError(void)
+{
+    return t_last;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Driver entry points: straight through the driver's cuGetProcAddress_v2.   */
+
+static cudaError_t entry_point(const char *symbol, void **funcPtr, unsigned int cudaVersion,
+                               unsigned long long flags,
+                               enum cudaDriverEntryPointQueryResult *driverStatus, int ptsz)
+{
+    if (!symbol || !funcPtr)
+        return ret(cudaErrorInvalidValue);
+    if (flags & ~(unsigned long long)(cudaEnableLegacyStream | cudaEnablePerThreadDefaultStream))
+        return ret(cudaErrorInvalidValue);
+    cudaError_t e = rt_load();
+    if (e != cudaSuccess)
+        return ret(e);
+    cuuint64_t cf = flags;
+    if (cf == cudaEnableDefault)
+        cf = ptsz ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_LEGACY_STREAM;
+    CUdriverProcAddressQueryResult qs = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    *funcPtr = NULL;
+    CUresult r = g_getproc(symbol, funcPtr, (int)cudaVersion, cf, &qs);
+    if (driverStatus)
+        *driverStatus = (enum cudaDriverEntryPointQueryResult)qs;
+    if (r == CUDA_ERROR_NOT_FOUND) {
+        *funcPtr = NULL;
+        return cudaSuccess;
+    }
+    return ret_cu(r);
+}
+
+cudaError_t CUDARTAPI cudaGetDriverEntryPoint(const char *symbol, void **funcPtr,
+                                              unsigned long long flags,
+                                              enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    return entry_point(symbol, funcPtr, RT_VERSION, flags, driverStatus, 0);
+}
+
+cudaError_t CUDARTAPI cudaGetDriverEntryPoint_ptsz(const char *symbol, void **funcPtr,
+                                                   unsigned long long flags,
+                                                   enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    return entry_point(symbol, funcPtr, RT_VERSION, flags, driverStatus, 1);
+}
+
+cudaError_t CUDARTAPI cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
+                                                       unsigned int cudaVersion,
+                                                       unsigned long long flags,
+                                                       enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    return entry_point(symbol, funcPtr, cudaVersion, flags, driverStatus, 0);
+}
+
+cudaError_t CUDARTAPI cudaGetDriverEntryPointByVersion_ptsz(
+    const char *symbol, void **funcPtr, unsigned int cudaVersion, unsigned long long flags,
+    enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    return entry_point(symbol, funcPtr, cudaVersion, flags, driverStatus, 1);
+}
