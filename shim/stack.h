@@ -52,4 +52,28 @@ size_t gg_site_top(int dev, struct gg_site_usage *out, size_t max);
 /* How many distinct sites are stored. */
 size_t gg_stack_sites(void);
 
+/* ---- additions ---------------------------------------------------------- */
+
+/* The site of a given IP sequence (at most GG_STACK_MAX_DEPTH, kept raw) on
+ * device `dev`, as if it had been captured. */
+gg_site gg_stack_intern(int dev, const uintptr_t *ips, size_t n);
+
+/* The device a site was captured on; -1 for GG_SITE_NONE. */
+int gg_site_device(gg_site site);
+
+/* One frame, symbolized (and cached: strings live as long as the process).
+ * `sym` is NULL when nothing names the address; `off` is then relative to
+ * the module's load base (for addr2line), else to the symbol; `ip` and
+ * `off` are return addresses, the symbol is the one holding ip - 1.
+ * Returns false (all fields empty) only when the cache is out of space. */
+struct gg_frame_info { const char *module, *sym; uint64_t off; bool has_off; };
+bool gg_stack_symbolize(uintptr_t ip, struct gg_frame_info *out);
+
+/* For tests. The code ranges whose leading frames a capture drops
+ * (default: the executable segments of the object holding stack.c; lo ==
+ * NULL returns to it), and the most sites the table will hold (0: the
+ * built-in bound). Not for use while other threads capture. */
+void gg_stack_test_self(const uintptr_t *lo, const uintptr_t *hi, size_t n);
+void gg_stack_test_limit(size_t max_sites);
+
 #endif /* GG_STACK_H */
