@@ -1,0 +1,167 @@
+"""The C API of libgpuguard.so, seen through ctypes.
+
+The shim exports five functions (include/gpuguard.h). When it is preloaded
+they are in the process's global scope and ``ctypes.CDLL(None)`` finds them;
+when it is not, the lookup fails and the helper stays inert.
+
+Tests replace the library with ``set_library(obj)``: any object whose
+attributes ``gpuguard_stats``, ``gpuguard_advice``, ``gpuguard_ack``,
+``gpuguard_set_batch`` and ``gpuguard_note`` behave like the C functions
+(ctypes callbacks, or plain Python callables that take the same arguments:
+the out-parameters arrive as ctypes pointers). ``set_library(None)`` makes
+the shim look absent; ``reset_library()`` goes back to the real lookup.
+"""
+
+import ctypes
+
+__all__ = [
+    "GpuguardStats", "GpuguardAdvice", "Native", "FUNCTIONS",
+    "load", "set_library", "reset_library",
+]
+
+FUNCTIONS = ("gpuguard_stats", "gpuguard_advice", "gpuguard_ack",
+             "gpuguard_set_batch", "gpuguard_note")
+
+
+class GpuguardStats(ctypes.Structure):
+    """struct gpuguard_stats, field for field."""
+    _fields_ = [
+        ("dev", ctypes.c_int),
+        ("name", ctypes.c_char * 256),
+        ("total", ctypes.c_ulonglong),
+        ("limit", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+        ("current", ctypes.c_ulonglong),
+        ("peak", ctypes.c_ulonglong),
+        ("peak_used", ctypes.c_ulonglong),
+        ("allocs", ctypes.c_ulonglong),
+        ("frees", ctypes.c_ulonglong),
+        ("near_misses", ctypes.c_ulonglong),
+        ("refusals", ctypes.c_ulonglong),
+        ("ooms", ctypes.c_ulonglong),
+    ]
+
+
+class GpuguardAdvice(ctypes.Structure):
+    """struct gpuguard_advice, field for field."""
+    _fields_ = [
+        ("seq", ctypes.c_uint),
+        ("dev", ctypes.c_int),
+        ("batch_size", ctypes.c_int),
+        ("grad_accum", ctypes.c_int),
+        ("reason", ctypes.c_char * 32),
+    ]
+
+
+# (restype, argtypes) of each function, as in gpuguard.h.
+_SIGNATURES = {
+    "gpuguard_stats": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(GpuguardStats)]),
+    "gpuguard_advice": (ctypes.c_int, [ctypes.POINTER(GpuguardAdvice)]),
+    "gpuguard_ack": (None, [ctypes.c_uint]),
+    "gpuguard_set_batch": (None, [ctypes.c_int, ctypes.c_int]),
+    "gpuguard_note": (None, [ctypes.c_char_p]),
+}
+
+STATS_FIELDS = tuple(name for name, _ in GpuguardStats._fields_)
+
+_INT_MAX = 2 ** 31 - 1
+
+
+def _clamp_int(v):
+    v = int(v)
+    return max(-_INT_MAX - 1, min(_INT_MAX, v))
+
+
+class Native(object):
+    """The five functions of a library object, with Python-friendly calls."""
+
+    def __init__(self, lib):
+        self._fn = {}
+        for name in FUNCTIONS:
+            fn = getattr(lib, name)
+            restype, argtypes = _SIGNATURES[name]
+            try:
+                fn.restype = restype
+                fn.argtypes = argtypes
+            except (AttributeError, TypeError):
+                pass  # a Python stand-in: nothing to declare
+            self._fn[name] = fn
+
+    def stats(self, dev=0):
+        out = GpuguardStats()
+        rc = self._fn["gpuguard_stats"](_clamp_int(dev), ctypes.pointer(out))
+        if rc != 0:
+            return None
+        d = {}
+        for name in STATS_FIELDS:
+            v = getattr(out, name)
+            if name == "name":
+                v = v.decode("utf-8", "replace")
+            d[name] = v
+        return d
+
+    def advice(self):
+        out = GpuguardAdvice()
+        rc = self._fn["gpuguard_advice"](ctypes.pointer(out))
+        if not rc:
+            return None
+        return {
+            "seq": int(out.seq),
+            "dev": int(out.dev),
+            "batch_size": int(out.batch_size),
+            "grad_accum": int(out.grad_accum),
+            "reason": out.reason.decode("utf-8", "replace"),
+        }
+
+    def ack(self, seq):
+        self._fn["gpuguard_ack"](int(seq) & 0xFFFFFFFF)
+
+    def set_batch(self, batch_size, grad_accum):
+        self._fn["gpuguard_set_batch"](_clamp_int(batch_size), _clamp_int(grad_accum))
+
+    def note(self, text):
+        if isinstance(text, str):
+            text = text.encode("utf-8", "replace")
+        text = bytes(text).replace(b"\0", b"")
+        self._fn["gpuguard_note"](text)
+
+
+_UNSET = object()
+_override = _UNSET
+
+
+def set_library(lib):
+    """Use `lib` (an object with the five functions) instead of the real
+    lookup; None makes the shim look absent."""
+    global _override
+    _override = lib
+
+
+def reset_library():
+    """Go back to looking the functions up in the process."""
+    global _override
+    _override = _UNSET
+
+
+def _find_process_library():
+    try:
+        lib = ctypes.CDLL(None)
+    except OSError:
+        return None
+    for name in FUNCTIONS:
+        try:
+            getattr(lib, name)
+        except AttributeError:
+            return None
+    return lib
+
+
+def load():
+    """A Native for the preloaded shim (or the stand-in), or None."""
+    lib = _find_process_library() if _override is _UNSET else _override
+    if lib is None:
+        return None
+    try:
+        return Native(lib)
+    except AttributeError:
+        return None

@@ -1,0 +1,1 @@
+"""Tests of the user-side tools (the Python helper, gpuguard-run, gpuguard-report)."""

@@ -1,0 +1,487 @@
+"""Tests of tools/gpuguard-report on synthetic journals written from the
+event schema of DESIGN.md ("Journal")."""
+
+import html.parser
+import importlib.machinery
+import importlib.util
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+import xml.etree.ElementTree as ET
+from contextlib import redirect_stderr, redirect_stdout
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYDIR = os.path.dirname(HERE)
+TOOLS = os.path.dirname(PYDIR)
+REPORT = os.path.join(TOOLS, "gpuguard-report")
+if PYDIR not in sys.path:
+    sys.path.insert(0, PYDIR)
+
+
+def load_report():
+    loader = importlib.machinery.SourceFileLoader("gpuguard_report", REPORT)
+    spec = importlib.util.spec_from_loader("gpuguard_report", loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+rpt = load_report()
+
+GiB = 1 << 30
+MiB = 1 << 20
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def frame(i, module, sym, off):
+    return {"ip": "0x%x" % (0x7f1200000000 + i), "module": module, "sym": sym, "off": off}
+
+
+CACHING = frame(1, "/site-packages/torch/lib/libc10_cuda.so",
+                "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc", 0x1a4)
+EMPTY = frame(2, "/site-packages/torch/lib/libtorch_cuda.so", "at::native::empty_cuda", 0x52)
+ADDMM = frame(3, "/site-packages/torch/lib/libtorch_cuda.so", "at::native::addmm_out_cuda", 0x91)
+CONV = frame(4, "/site-packages/torch/lib/libtorch_cuda.so", "at::native::cudnn_convolution", 0x33)
+PYEVAL = frame(5, "/usr/lib/libpython3.11.so.1.0", "_PyEval_EvalFrameDefault", 0x2f1)
+NCCL = frame(6, "/site-packages/nvidia/nccl/lib/libnccl.so.2", None, None)
+MAIN = frame(7, "/usr/bin/python3.11", "main", 0x10)
+
+LIMIT0 = 24 * GiB - 3 * GiB // 2
+
+NOTE = ('gpuguard: SIGUSR2 received by the trainer; advice #1 (near_miss): batch 16 x accum 2\n'
+        'Python stack (most recent call last):\n'
+        '  File "/home/me/train.py", line 80, in <module>\n'
+        '    main()\n'
+        '  File "/home/me/train.py", line 42, in train_step\n'
+        '    loss = model(batch).loss\n')
+
+
+def journal_rank0():
+    """A complete run on an RTX 3090: samples, 3 near misses (two stacks),
+    a refusal, an OOM, two advice, a note, an error, a summary."""
+    ev = [{"t": 0.0, "ev": "start", "pid": 4242, "comm": "python", "host": "node1", "rank": 0,
+           "version": "0.1.0", "mode": "enforce", "future_field": {"x": 1},
+           "devices": [{"dev": 0, "name": "NVIDIA GeForce RTX 3090", "total": 24 * GiB,
+                        "cc": "8.6", "policy": "/p/rtx-3090.ini", "limit": LIMIT0}]}]
+    for i in range(11):
+        ev.append({"t": float(i), "ev": "sample", "dev": 0, "current": 2 * i * GiB,
+                   "used": 2 * i * GiB + GiB})
+    nm = {"ev": "near_miss", "dev": 0, "api": "cudaMalloc", "limit": LIMIT0, "total": 24 * GiB}
+    ev.append(dict(nm, t=10.2, bytes=512 * MiB, used=22 * GiB - 1, stack=[CACHING, EMPTY, ADDMM, PYEVAL]))
+    ev.append({"t": 10.25, "ev": "advice", "seq": 1, "dev": 0, "batch_size": 16, "grad_accum": 2,
+               "reason": "near_miss", "signaled": True})
+    ev.append({"t": 10.26, "ev": "note", "text": NOTE})
+    ev.append(dict(nm, t=10.3, bytes=256 * MiB, used=22 * GiB, stack=[CACHING, EMPTY, ADDMM, MAIN]))
+    ev.append(dict(nm, t=10.4, bytes=64 * MiB, used=21 * GiB, api="cuMemCreate",
+                   stack=[CACHING, EMPTY, CONV, PYEVAL]))
+    ev.append({"t": 10.5, "ev": "refused", "dev": 0, "api": "cudaMalloc", "bytes": 2 * GiB,
+               "used": 22 * GiB, "limit": LIMIT0, "total": 24 * GiB,
+               "stack": [CACHING, EMPTY, CONV, PYEVAL], "unknown": True})
+    ev.append({"t": 10.6, "ev": "oom", "dev": 0, "api": "cudaMalloc", "bytes": 4 * GiB,
+               "used": 22 * GiB, "limit": LIMIT0, "total": 24 * GiB, "stack": []})
+    ev.append({"t": 10.7, "ev": "advice", "seq": 2, "dev": 0, "batch_size": 8, "grad_accum": 4,
+               "reason": "refused", "signaled": False})
+    ev.append({"t": 10.8, "ev": "hologram", "dev": 0})
+    ev.append({"t": 10.9, "ev": "error", "message": "policy.ini:3: unknown key 'hedroom'"})
+    ev.append({"t": 11.0, "ev": "summary", "duration": 11.0, "devices": [{
+        "dev": 0, "name": "NVIDIA GeForce RTX 3090", "total": 24 * GiB, "limit": LIMIT0,
+        "peak": 20 * GiB, "peak_used": 22 * GiB, "allocs": 1234, "frees": 1200,
+        "near_misses": 3, "refusals": 1, "ooms": 1, "live_bytes": 3 * GiB // 2,
+        "live_allocs": 34, "peak_stack": [CACHING, EMPTY, ADDMM],
+        "peak_sites": [
+            {"stack": [CACHING, EMPTY, ADDMM, PYEVAL, MAIN], "bytes": 12 * GiB, "allocs": 6},
+            {"stack": [CACHING, EMPTY, CONV, PYEVAL, MAIN], "bytes": 6 * GiB, "allocs": 3},
+            {"stack": [NCCL, MAIN], "bytes": 1 * GiB, "allocs": 1},
+            {"stack": [CACHING, frame(8, "/x/libfoo.so", "tiny", 1)], "bytes": 10 * MiB, "allocs": 1},
+        ]}]})
+    return ev
+
+
+def journal_rank1_killed():
+    """An H200 rank killed mid-run: no summary, a truncated last line."""
+    ev = [{"t": 0.0, "ev": "start", "pid": 4243, "comm": "python", "host": "node1", "rank": 1,
+           "version": "0.1.0", "mode": "observe",
+           "devices": [{"dev": 1, "name": "NVIDIA H200", "total": 141 * GiB, "cc": "9.0",
+                        "policy": "/p/default.ini", "limit": 130 * GiB}]}]
+    for i in range(6):
+        ev.append({"t": float(i), "ev": "sample", "dev": 1, "current": 20 * i * GiB,
+                   "used": 20 * i * GiB + 2 * GiB})
+    ev.append({"t": 5.5, "ev": "near_miss", "dev": 1, "api": "cuMemCreate", "bytes": 2 * GiB,
+               "used": 125 * GiB, "limit": 130 * GiB, "total": 141 * GiB,
+               "stack": [NCCL, MAIN]})
+    return ev
+
+
+def write_journal(path, events, tail=""):
+    with open(path, "w") as f:
+        for e in events:
+            f.write(json.dumps(e) + "\n")
+        f.write(tail)
+    return path
+
+
+class Opts(object):
+    frames = 4
+    depth = 12
+    threshold = 1.0
+    top_down = False
+
+
+class ReportTestBase(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gg-report-")
+        self.addCleanup(shutil.rmtree, self.tmp)
+        self.j0 = write_journal(os.path.join(self.tmp, "gpuguard.python.rank0.4242.jsonl"),
+                                journal_rank0())
+        self.j1 = write_journal(os.path.join(self.tmp, "gpuguard.python.rank1.4243.jsonl"),
+                                journal_rank1_killed(), tail='{"t": 6.0, "ev": "sample", "dev": 1, "cur')
+
+    def main(self, *args):
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            rc = rpt.main(list(args))
+        return rc, out.getvalue(), err.getvalue()
+
+    def section(self, text, start, end=None):
+        i = text.index(start)
+        j = text.index(end, i) if end else len(text)
+        return text[i:j]
+
+
+class TextReportTest(ReportTestBase):
+    def test_figures_of_a_complete_run(self):
+        rc, out, err = self.main(self.j0)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("host node1 rank 0 pid 4242 (python)", out)
+        self.assertIn("gpuguard 0.1.0, mode enforce, duration 11.00 s", out)
+        self.assertIn("-- GPU0 NVIDIA GeForce RTX 3090", out)
+        self.assertIn("cc 8.6, policy /p/rtx-3090.ini", out)
+        self.assertIn("total        24.0 GiB", out)
+        self.assertIn("limit        22.5 GiB (headroom 1.5 GiB, 93.75% of total)", out)
+        self.assertIn("peak         20.0 GiB process (83.33% of total), 22.0 GiB device-wide (91.67%)", out)
+        self.assertIn("peak time    about 10.00 s", out)
+        self.assertIn("allocations  1234 allocs, 1200 frees", out)
+        self.assertIn("live at exit 1.5 GiB in 34 allocations", out)
+        self.assertIn("events       3 near misses, 1 refusal, 1 OOM, 2 advice", out)
+        self.assertIn("error at 10.90 s: policy.ini:3: unknown key 'hedroom'", out)
+        self.assertIn("unknown events skipped: hologram x1", out)
+        self.assertNotIn("no summary", out)
+
+    def test_peak_sites_tree(self):
+        rc, out, _ = self.main(self.j0)
+        tree = self.section(out, "Allocation sites at the peak:", "Near misses")
+        lines = [l.strip() for l in tree.splitlines()[1:] if l.strip()]
+        # 12 + 6 + 1 GiB + 10 MiB of a 20 GiB peak; massif-style, allocator side first
+        self.assertTrue(lines[0].startswith("95.05% (19.0 GiB) in 4 sites listed at the process peak of 20.0 GiB"), lines[0])
+        self.assertRegex(lines[1], r"^->90\.05% \(18\.0 GiB\) 10 allocs: c10::cuda::CUDACachingAllocator"
+                                   r"::Native::DeviceCachingAllocator::malloc\+0x1a4 \(libc10_cuda\.so\)$")
+        self.assertRegex(lines[2], r"^\| ->90\.00% \(18\.0 GiB\) 9 allocs: at::native::empty_cuda\+0x52 \(libtorch_cuda\.so\)$")
+        self.assertRegex(lines[3], r"^\| \| ->60\.00% \(12\.0 GiB\) 6 allocs: at::native::addmm_out_cuda\+0x91")
+        self.assertTrue(any(re.match(r"^\| \| ->30\.00% \(6\.0 GiB\) 3 allocs: at::native::cudnn_convolution", l)
+                            for l in lines), lines)
+        self.assertTrue(any("0.05% (10.0 MiB) in 1 place, all below the 1.00% threshold" in l
+                            for l in lines), lines)
+        # the NCCL site has no symbol: its frame is its address and module
+        self.assertTrue(any(re.match(r"^->5\.00% \(1\.0 GiB\) 1 alloc: 0x7f1200000006 \(libnccl\.so\.2\)$", l)
+                            for l in lines), lines)
+        self.assertIn("(1014.0 MiB of the peak in sites the summary does not list)", tree)
+        # subtrees: the addmm branch continues into its callers
+        i = lines.index(next(l for l in lines if "addmm_out_cuda" in l))
+        self.assertIn("_PyEval_EvalFrameDefault", lines[i + 1])
+        self.assertIn("main+0x10 (python3.11)", lines[i + 2])
+
+    def test_tree_orientation_depth_and_threshold(self):
+        sites = journal_rank0()[-1]["devices"][0]["peak_sites"]
+        top = rpt.site_tree(sites, depth=12, top_down=True)
+        self.assertEqual([n.label for n in top.children.values()][:1], ["main+0x10 (python3.11)"])
+        self.assertEqual(list(top.children.values())[0].bytes, 19 * GiB)
+        shallow = rpt.site_tree(sites, depth=1)
+        lines = rpt.render_tree(shallow, 20 * GiB, 0.0, "x")
+        self.assertIn("->...", "\n".join(lines))
+        lines = rpt.render_tree(rpt.site_tree(sites, 12), 20 * GiB, 50.0, "x")
+        self.assertTrue(any("below the 50.00% threshold" in l for l in lines), lines)
+
+    def test_near_misses_grouped_by_top_frames(self):
+        rc, out, _ = self.main(self.j0)
+        nm = self.section(out, "Near misses: 3, by stack:", "Refused")
+        groups = [l.strip() for l in nm.splitlines() if re.match(r"^\s+\d+x  ", l)]
+        # the first two share their top 3 frames (different 4th frame): 4 frames split them
+        self.assertEqual(len(groups), 3)
+        rc, out, _ = self.main("--frames", "3", self.j0)
+        nm = self.section(out, "Near misses: 3, by stack:", "Refused")
+        groups = [l.strip() for l in nm.splitlines() if re.match(r"^\s+\d+x  ", l)]
+        self.assertEqual(len(groups), 2)
+        self.assertEqual(groups[0], "2x  largest 512.0 MiB, 768.0 MiB in all; 10.20 s .. 10.30 s; "
+                                    "device used up to 22.0 GiB (limit 22.5 GiB); cudaMalloc")
+        self.assertIn("#2 at::native::addmm_out_cuda+0x91 (libtorch_cuda.so)", nm)
+        self.assertIn("1x  largest 64.0 MiB", groups[1])
+        self.assertIn("cuMemCreate", groups[1])
+
+    def test_refusals_ooms_and_advice(self):
+        rc, out, _ = self.main(self.j0)
+        self.assertIn("Refused: 1, by stack:", out)
+        self.assertIn("1x  largest 2.0 GiB, 2.0 GiB in all; 10.50 s .. 10.50 s", out)
+        oom = self.section(out, "Out of memory (real allocator): 1, by stack:", "Advice history")
+        self.assertIn("(no stack)", oom)
+        adv = self.section(out, "Advice history:")
+        self.assertRegex(adv, r"10\.25 s  #1  near_miss batch 16 x accum 2, signaled")
+        self.assertIn("trainer at /home/me/train.py:42 in train_step: loss = model(batch).loss", adv)
+        self.assertRegex(adv, r"10\.70 s  #2  refused\s+batch 8 x accum 4, not signaled")
+        self.assertNotIn("Notes:", out)   # the only note answered advice #1
+
+    def test_merged_journals(self):
+        rc, out, err = self.main(self.j1, self.j0)
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(out.startswith("gpuguard report: 2 journals, 2 device sections"))
+        rows = [l for l in out.splitlines() if l.startswith("node1 ")]
+        self.assertEqual(len(rows), 2)
+        self.assertRegex(rows[0], r"^node1\s+0\s+4242\s+GPU0\s+20\.0 GiB\s+22\.0 GiB\s+22\.5 GiB\s+24\.0 GiB\s+3\s+1\s+1\s+2$")
+        self.assertRegex(rows[1], r"^node1\s+1\s+4243\s+GPU1\s+100\.0 GiB\s+125\.0 GiB\s+130\.0 GiB\s+141\.0 GiB\s+1\s+0\s+0\s+0$")
+        # sections in rank order whatever the order on the command line
+        self.assertLess(out.index("rank 0 pid 4242"), out.index("rank 1 pid 4243"))
+
+    def test_killed_process_and_truncated_line(self):
+        rc, out, err = self.main(self.j1)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("no summary: the process ended without one (killed?)", out)
+        self.assertIn("the last line is truncated (skipped)", out)
+        self.assertIn("-- GPU1 NVIDIA H200", out)
+        # figures from the samples and the events
+        self.assertIn("peak         100.0 GiB process (70.92% of total), 125.0 GiB device-wide", out)
+        self.assertIn("last sample  at 5.00 s: process 100.0 GiB, device 102.0 GiB", out)
+        self.assertIn("events       1 near miss, 0 refusals, 0 OOMs, 0 advice", out)
+        self.assertIn("#0 0x7f1200000006 (libnccl.so.2)", out)
+        self.assertNotIn("allocations", out)
+
+    def test_garbage_lines_unknown_fields_and_missing_start(self):
+        path = os.path.join(self.tmp, "gpuguard.bash.rank3.77.jsonl")
+        with open(path, "w") as f:
+            f.write('not json\n[1, 2]\n{"ev": "sample", "dev": 0, "current": 5, "used": "x"}\n')
+            f.write('{"t": 1, "ev": "sample", "dev": 0, "current": 1048576, "used": null, "zz": 1}\n')
+            f.write('{"t": 2, "ev": "advice", "seq": "?", "reason": 7}\n')
+            f.write('{"t": 3, "ev": "near_miss", "dev": 0, "stack": [1, "x"], "bytes": "big"}\n')
+            f.write('{"t": 3.5, "ev": "refused", "dev": 0, "stack": [{"ip": "0x1"}], "bytes": 4096}\n')
+            f.write('{"t": 4, "ev": "summary", "devices": [null, {"dev": "0"}, {"dev": 0, "peak_sites": [{"stack": null}, 3]}]}\n')
+        rc, out, err = self.main(path)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("host ? rank 3 pid 77 (bash)", out)     # identity from the file name
+        self.assertIn("2 lines unreadable (skipped)", out)
+        self.assertIn("-- GPU0 (unknown device)", out)
+        self.assertIn("(no stack)", out)
+        self.assertIn("#0 0x1 (?)", out)
+        self.assertIn("live at exit n/a", out)
+
+    def test_empty_and_unreadable(self):
+        empty = os.path.join(self.tmp, "gpuguard.python.1.jsonl")
+        open(empty, "w").close()
+        rc, out, err = self.main(empty)
+        self.assertEqual(rc, 0)
+        self.assertIn("empty journal: no events", out)
+        rc, out, err = self.main(os.path.join(self.tmp, "nope.jsonl"), self.j0)
+        self.assertEqual(rc, 1)
+        self.assertIn("nope.jsonl", err)
+        self.assertIn("host node1 rank 0", out)
+
+    def test_directory_argument(self):
+        rc, out, err = self.main(self.tmp)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("2 journals", out)
+        other = tempfile.mkdtemp(dir=self.tmp)
+        rc, out, err = self.main(other)
+        self.assertEqual(rc, 1)
+        self.assertIn("no gpuguard.*.jsonl journal", err)
+
+
+class TagBalance(html.parser.HTMLParser):
+    VOID = {"meta", "br", "hr", "img", "input", "link", "area", "base", "col", "embed",
+            "source", "track", "wbr"}
+
+    def __init__(self):
+        html.parser.HTMLParser.__init__(self, convert_charrefs=True)
+        self.stack = []
+        self.errors = []
+        self.text = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        pass
+
+    def handle_endtag(self, tag):
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append("unexpected </%s> with open %s" % (tag, self.stack[-3:]))
+        else:
+            self.stack.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+class HtmlReportTest(ReportTestBase):
+    def render(self, *journals):
+        out = os.path.join(self.tmp, "report.html")
+        rc, _, err = self.main("--html", out, *journals)
+        self.assertEqual(rc, 0, err)
+        with open(out, encoding="utf-8") as f:
+            return f.read()
+
+    def test_well_formed_and_self_contained(self):
+        page = self.render(self.j0, self.j1)
+        self.assertTrue(page.startswith("<!DOCTYPE html>"))
+        p = TagBalance()
+        p.feed(page)
+        p.close()
+        self.assertEqual(p.errors, [])
+        self.assertEqual(p.stack, [])
+        # the whole page is also well-formed XML (void elements closed)
+        root = ET.fromstring(page[len("<!DOCTYPE html>"):])
+        self.assertEqual(root.tag, "html")
+        self.assertNotRegex(page, r"<(script|link|img)\b")      # nothing external
+        self.assertNotRegex(page, r'(src|href)="(https?:)?//')
+        text = "".join(p.text)
+        self.assertIn("NVIDIA GeForce RTX 3090", text)
+        self.assertIn("trainer at", text)
+        self.assertIn("/home/me/train.py:42 in train_step", text)
+        self.assertIn("c10::cuda::CUDACachingAllocator", text)
+        self.assertIn("No summary", text)
+
+    def svgs(self, page):
+        found = re.findall(r"<svg\b.*?</svg>", page, re.S)
+        return [ET.fromstring(s) for s in found]
+
+    def test_svg_timeline(self):
+        page = self.render(self.j0, self.j1)
+        svgs = self.svgs(page)
+        self.assertEqual(len(svgs), 2)
+        svg = svgs[0]
+        self.assertEqual(svg.tag, SVG + "svg")
+        w, h = float(svg.get("width")), float(svg.get("height"))
+
+        def cls(name):   # drawn elements carry a <title>; the legend's do not
+            return [e for e in svg.iter() if e.get("class") == name
+                    and e.find(SVG + "title") is not None]
+        self.assertEqual(len(cls("line-used")), 1)
+        self.assertEqual(len(cls("line-current")), 1)
+        self.assertEqual(len(cls("line-limit")), 1)
+        self.assertEqual(len(cls("line-total")), 1)
+        self.assertEqual(len(cls("mark-near_miss")), 3)
+        self.assertEqual(len(cls("mark-refused")), 1)
+        self.assertEqual(len(cls("mark-oom")), 1)
+        self.assertEqual(len(cls("mark-advice")), 2)
+        titles = [t.text for t in svg.iter(SVG + "title")]
+        self.assertTrue(any(t.startswith("near_miss at 10.20 s: cudaMalloc of 512.0 MiB") for t in titles), titles)
+        self.assertTrue(any(t.startswith("refused at 10.50 s") for t in titles), titles)
+        self.assertTrue(any(t == "limit 22.5 GiB" for t in titles), titles)
+        # every coordinate lies inside the picture
+        for e in svg.iter():
+            for a in ("x", "y", "x1", "x2", "y1", "y2", "cx", "cy"):
+                if e.get(a) is not None:
+                    v = float(e.get(a))
+                    self.assertTrue(0 <= v <= max(w, h), (e.tag, a, v))
+            d = e.get("d")
+            if d:
+                for n in re.findall(r"[MHVL](-?[\d.]+)", d):
+                    self.assertTrue(0 <= float(n) <= max(w, h), (d[:40], n))
+        # the limit line sits below the total line (SVG y grows downwards)
+        lim, tot = cls("line-limit")[0], cls("line-total")[0]
+        self.assertGreater(float(lim.get("y1")), float(tot.get("y1")))
+        # the device-used line is a step line through the 11 samples
+        d = cls("line-used")[0].get("d")
+        self.assertEqual(d.count("H"), 11)
+
+    def test_many_samples_downsampled(self):
+        ev = journal_rank1_killed()[:1]
+        for i in range(50000):
+            ev.append({"t": i * 0.001, "ev": "sample", "dev": 1, "current": (i % 977) * MiB,
+                       "used": (i % 977) * MiB + GiB})
+        ev.append({"t": 25.0, "ev": "sample", "dev": 1, "current": 99 * GiB, "used": 101 * GiB})
+        path = write_journal(os.path.join(self.tmp, "gpuguard.python.5.jsonl"), ev)
+        page = self.render(path)
+        svg = self.svgs(page)[0]
+        used = [e for e in svg.iter() if e.get("class") == "line-used"][0].get("d")
+        self.assertLess(used.count("H"), 4000)
+        ys = [float(v) for v in re.findall(r"V(-?[\d.]+)", used)]
+        self.assertLess(min(ys), 150)      # the 101 GiB spike survives the downsampling
+
+
+class TraceTest(ReportTestBase):
+    def trace(self, *journals):
+        out = os.path.join(self.tmp, "trace.json")
+        rc, _, err = self.main("--trace", out, *journals)
+        self.assertEqual(rc, 0, err)
+        with open(out) as f:
+            return json.load(f)
+
+    def test_trace_events(self):
+        tr = self.trace(self.j0, self.j1)
+        evs = tr["traceEvents"]
+        self.assertEqual(tr["displayTimeUnit"], "ms")
+        for e in evs:
+            self.assertIn(e["ph"], ("C", "i", "M"))
+            self.assertIsInstance(e["pid"], int)
+            if e["ph"] != "M":
+                self.assertIsInstance(e["ts"], (int, float))
+        names = {e["args"]["name"] for e in evs if e["ph"] == "M" and e["name"] == "process_name"}
+        self.assertEqual(len(names), 2)
+        self.assertTrue(any("rank 0 pid 4242" in n for n in names), names)
+        counters = [e for e in evs if e["ph"] == "C" and e["name"] == "GPU0 memory"]
+        self.assertEqual(len(counters), 11)
+        self.assertEqual(counters[3]["ts"], 3e6)
+        self.assertEqual(counters[3]["args"], {"current": 6 * GiB, "used": 7 * GiB})
+        self.assertTrue(all(e["pid"] == 4242 for e in counters))
+        h200 = [e for e in evs if e["ph"] == "C" and e["name"] == "GPU1 memory"]
+        self.assertEqual(len(h200), 6)
+        self.assertTrue(all(e["pid"] == 4243 for e in h200))
+        limits = [e for e in evs if e["ph"] == "C" and e["name"] == "GPU0 limit"]
+        self.assertEqual(limits[0]["args"], {"limit": LIMIT0, "total": 24 * GiB})
+        inst = [e for e in evs if e["ph"] == "i" and e["pid"] == 4242]
+        kinds = [e["cat"].split(",")[1] for e in inst]
+        self.assertEqual(sorted(kinds), sorted(["near_miss"] * 3 + ["refused", "oom", "advice", "advice", "error"]))
+        nm = [e for e in inst if e["cat"] == "gpuguard,near_miss"][0]
+        self.assertEqual(nm["ts"], 10.2e6)
+        self.assertEqual(nm["tid"], 0)
+        self.assertEqual(nm["args"]["bytes"], 512 * MiB)
+        self.assertIn("addmm_out_cuda", nm["args"]["stack"][2])
+        adv = [e for e in inst if e["cat"] == "gpuguard,advice"][0]
+        self.assertEqual(adv["args"]["batch_size"], 16)
+        self.assertEqual(adv["args"]["trainer_at"],
+                         "/home/me/train.py:42 in train_step: loss = model(batch).loss")
+
+    def test_same_pid_on_two_hosts(self):
+        ev = journal_rank1_killed()
+        ev[0] = dict(ev[0], host="node2", pid=4242)
+        other = write_journal(os.path.join(self.tmp, "gpuguard.python.rank1.4242.jsonl"), ev)
+        tr = self.trace(self.j0, other)
+        pids = {e["pid"] for e in tr["traceEvents"]}
+        self.assertEqual(len(pids), 2)
+
+
+class CommandLineTest(ReportTestBase):
+    def run_cli(self, *args):
+        return subprocess.run([sys.executable, REPORT] + list(args), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, universal_newlines=True)
+
+    def test_executable_and_exit_codes(self):
+        self.assertTrue(os.access(REPORT, os.X_OK))
+        with open(REPORT) as f:
+            self.assertEqual(f.readline().rstrip("\n"), "#!/usr/bin/env python3")
+        out = self.run_cli(self.j0)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("Advice history", out.stdout)
+        self.assertEqual(self.run_cli().returncode, 2)
+        self.assertEqual(self.run_cli("--frames", "0", self.j0).returncode, 2)
+        out = self.run_cli(os.path.join(self.tmp, "missing.jsonl"))
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("gpuguard-report: ", out.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
