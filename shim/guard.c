@@ -36,9 +36,10 @@ static void *_Atomic rt_get_device, *_Atomic rt_mem_get_info;
 
 /* ---- devices --------------------------------------------------------------- */
 
+/* Says each problem, and counts them in *ctx. */
 static void report_policy(void *ctx, const char *file, int line, const char *msg)
 {
-    (void)ctx;
+    ++*(int *)ctx;
     if (line > 0)
         gg_journal_error("%s:%d: %s", file, line, msg);
     else
@@ -86,13 +87,11 @@ static void init_device(int i)
     struct gg_policy_env env = gg_options_policy_env();
     int problems = 0;
     if (env.policy)
-        problems += gg_policy_select(env.policy, d->name, &d->policy, report_policy, NULL);
+        gg_policy_select(env.policy, d->name, &d->policy, report_policy, &problems);
     else
         gg_policy_defaults(&d->policy);
-    problems += gg_policy_apply_env(&d->policy, &env, report_policy, NULL);
-    d->limit = gg_policy_limit(&d->policy, total, report_policy, NULL);
-    if (d->policy.broken)
-        problems++;
+    gg_policy_apply_env(&d->policy, &env, report_policy, &problems);
+    d->limit = gg_policy_limit(&d->policy, total, report_policy, &problems);
     d->near = gg_policy_near_miss(&d->policy, total);
     d->mode = d->policy.mode;
     if (problems && d->mode == GG_MODE_ENFORCE) {

@@ -422,7 +422,8 @@ static void *real_of(enum entry e, int ptsz)
     void *p = atomic_load_explicit(&real_fn[e][ptsz], memory_order_acquire);
     if (gg_likely(p))
         return p;
-    /* Called through an export by a program linked against libcuda. */
+    /* Not looked up yet (a hook handed out before its real function was
+     * stored cannot happen; this covers races): ask libcuda's own scope. */
     char name[64];
     strcpy(name, table[e].export);
     if (ptsz)
@@ -488,25 +489,3 @@ void *gg_hooks_driver_entry(const char *symbol, void *fn, unsigned long long fla
      * signature of the name. */
     return gg_hooks_driver_lookup(symbol, fn, GG_ORIGIN_ENTRY, flags, 1 << 30);
 }
-
-/* ---- exports: programs linked against libcuda call these directly ---------- */
-
-#define EXPORT(sym, hookfn, params, args) \
-    GG_EXPORT CUresult CUDAAPI gg_export_##hookfn params __asm__(sym); \
-    CUresult CUDAAPI gg_export_##hookfn params { return hookfn args; }
-
-EXPORT("cuMemAlloc_v2", mem_alloc_e, P_ALLOC, A_ALLOC)
-EXPORT("cuMemFree_v2", mem_free_e, P_FREE, A_FREE)
-EXPORT("cuMemAllocPitch_v2", mem_alloc_pitch_e, P_PITCH, A_PITCH)
-EXPORT("cuMemAllocManaged", mem_alloc_managed_e, P_MANAGED, A_MANAGED)
-EXPORT("cuMemAllocAsync", mem_alloc_async_e, P_ASYNC, A_ASYNC)
-EXPORT("cuMemAllocAsync_ptsz", mem_alloc_async_ep, P_ASYNC, A_ASYNC)
-EXPORT("cuMemFreeAsync", mem_free_async_e, P_FASYNC, A_FASYNC)
-EXPORT("cuMemFreeAsync_ptsz", mem_free_async_ep, P_FASYNC, A_FASYNC)
-EXPORT("cuMemAllocFromPoolAsync", mem_alloc_pool_e, P_POOL, A_POOL)
-EXPORT("cuMemAllocFromPoolAsync_ptsz", mem_alloc_pool_ep, P_POOL, A_POOL)
-EXPORT("cuMemCreate", mem_create_e, P_CREATE, A_CREATE)
-EXPORT("cuMemRelease", mem_release_e, P_RELEASE, A_RELEASE)
-EXPORT("cuMemGetInfo_v2", mem_get_info_e, P_INFO, A_INFO)
-EXPORT("cuGetProcAddress_v2", get_proc_v2_e, P_GP2, A_GP2)
-EXPORT("cuGetProcAddress", get_proc_v1_e, P_GP1, A_GP1)

@@ -8,8 +8,13 @@
  * expandable segments, CuPy). Each hook exists twice, by origin:
  *   GG_ORIGIN_DRIVER: found by a driver lookup (a static runtime: NCCL, cuBLAS);
  *                     counted, refused only when the policy says enforce = all;
- *   GG_ORIGIN_ENTRY:  handed out by cudaGetDriverEntryPoint, or called by a
- *                     program linked against libcuda; may be refused.
+ *   GG_ORIGIN_ENTRY:  handed out by cudaGetDriverEntryPoint; may be refused.
+ *
+ * The shim exports no driver names: a driver that takes its own functions'
+ * addresses through its GOT would otherwise hand the shim's exports to every
+ * static runtime, and NCCL's memory would be counted as refusable. A program
+ * linked directly against libcuda (rare in training) is seen through the
+ * runtime only.
  */
 #ifndef GG_HOOKS_DRIVER_H
 #define GG_HOOKS_DRIVER_H
