@@ -158,6 +158,7 @@ static void write_summary(double duration)
     char buf[16384];
     gg_journal_begin(&j, buf, sizeof buf, "summary");
     gg_json_kf64(&j, "duration", duration);
+    gg_json_ku64(&j, "sites", gg_stack_sites()); /* distinct stacks stored */
     gg_json_key(&j, "devices");
     gg_json_arr(&j);
     for (int i = 0; i < gg_device_count; i++) {

@@ -93,25 +93,36 @@ static void print_advice(void)
            a.grad_accum, a.reason);
 }
 
-/* Named call sites: the journal's stacks must name these. */
-__attribute__((noinline)) static cudaError_t site_a(void **p)
+/* Named call sites: the journal's stacks must name these, so the compiler may
+ * neither inline them nor rename a specialised copy (site_b.isra.0). */
+#if defined(__clang__)
+#define SITE __attribute__((noinline))
+#else
+#define SITE __attribute__((noipa))
+#endif
+/* Each keeps its call a call, not a tail jump that would leave no frame. */
+SITE static cudaError_t site_a(void **p)
 {
-    return cudaMalloc(p, 1ull << 30);
-}
-
-__attribute__((noinline)) static cudaError_t site_b(void **p)
-{
-    return cudaMalloc(p, 512ull << 20);
-}
-
-__attribute__((noinline)) static cudaError_t fill_step(void **p, unsigned long long size)
-{
-    cudaError_t r = cudaMalloc(p, size);
-    __asm__ volatile("" ::: "memory"); /* keep the call a call, not a tail jump */
+    cudaError_t r = cudaMalloc(p, 1ull << 30);
+    __asm__ volatile("" ::: "memory");
     return r;
 }
 
-__attribute__((noinline)) static cudaError_t repeat_step(void **p)
+SITE static cudaError_t site_b(void **p)
+{
+    cudaError_t r = cudaMalloc(p, 512ull << 20);
+    __asm__ volatile("" ::: "memory");
+    return r;
+}
+
+SITE static cudaError_t fill_step(void **p, unsigned long long size)
+{
+    cudaError_t r = cudaMalloc(p, size);
+    __asm__ volatile("" ::: "memory");
+    return r;
+}
+
+SITE static cudaError_t repeat_step(void **p)
 {
     cudaError_t r = cudaMalloc(p, 1 << 20);
     __asm__ volatile("" ::: "memory");
@@ -168,12 +179,14 @@ int main(int argc, char **argv)
         print_stats();
         cudaFree(a);
     } else if (!strcmp(cmd, "sites")) {
-        void *a1, *a2, *b1;
-        site_a(&a1);
-        site_a(&a2);
+        /* site_a twice from one line (one stack), then site_b */
+        void *a[2], *b1;
+        volatile int two = 2;
+        for (int i = 0; i < two; i++)
+            site_a(&a[i]);
         site_b(&b1);
-        cudaFree(a1);
-        cudaFree(a2);
+        cudaFree(a[0]);
+        cudaFree(a[1]);
         cudaFree(b1);
         printf("sites: done\n");
     } else if (!strcmp(cmd, "repeat") && argc > 2) {
