@@ -16,6 +16,9 @@
 #define GG_EXPORT __attribute__((visibility("default")))
 #define GG_COLD __attribute__((cold, noinline))
 #define GG_TLS __thread __attribute__((tls_model("initial-exec")))
+/* For code that runs before a sanitizer's runtime is ready (the dlsym
+ * override is called by ASan's own start-up). */
+#define GG_NO_SANITIZE __attribute__((no_sanitize("address", "undefined", "thread")))
 #define gg_likely(x) __builtin_expect(!!(x), 1)
 #define gg_unlikely(x) __builtin_expect(!!(x), 0)
 

@@ -15,7 +15,7 @@ typedef void *(*dlsym_fn)(void *, const char *);
 /* Read by the trampoline below; hidden, so it is reached PC-relative. */
 __attribute__((visibility("hidden"))) void *_Atomic gg_real_dlsym_fn;
 
-static dlsym_fn real_dlsym(void)
+static GG_NO_SANITIZE dlsym_fn real_dlsym(void)
 {
     void *p = atomic_load_explicit(&gg_real_dlsym_fn, memory_order_acquire);
     if (gg_likely(p))
@@ -42,7 +42,7 @@ void *gg_real_dlsym(void *handle, const char *name)
  * driver function that the real lookup finds in libcuda, else NULL (the
  * trampoline then jumps to the real dlsym with the caller's own frame). */
 __attribute__((visibility("hidden"))) void *gg_dlsym_filter(void *handle, const char *name);
-void *gg_dlsym_filter(void *handle, const char *name)
+GG_NO_SANITIZE void *gg_dlsym_filter(void *handle, const char *name)
 {
     (void)real_dlsym(); /* the trampoline jumps through it */
     if (!name || name[0] != 'c' || name[1] != 'u' || handle == RTLD_NEXT)
