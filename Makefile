@@ -37,7 +37,7 @@ SHIM_SRC  := $(sort $(wildcard shim/*.c))
 SHIM_OBJ  := $(patsubst shim/%.c,$(BUILD)/shim/%.o,$(SHIM_SRC))
 SHIM_LIB  := $(BUILD)/libgpuguard.so
 # Everything but the exported entry points, for unit tests and tools.
-CORE_OBJ  := $(filter-out $(BUILD)/shim/hooks_%.o $(BUILD)/shim/api.o,$(SHIM_OBJ))
+CORE_OBJ  := $(filter-out $(BUILD)/shim/hooks_runtime.o $(BUILD)/shim/api.o,$(SHIM_OBJ))
 CORE_LIB  := $(BUILD)/libggcore.a
 
 .PHONY: all deps test test-unit test-e2e test-tsan demo bench install clean check-deps
@@ -67,6 +67,7 @@ $(BUILD)/shim $(BUILD)/tests/unit $(BUILD)/tests/progs $(BUILD)/fake:
 
 -include tests/fake/fake.mk
 -include tools/check/check.mk
+-include bench/bench.mk
 
 # Unit tests: one per module, linked against the core archive.
 UNIT_SRC  := $(sort $(wildcard tests/unit/test_*.c))

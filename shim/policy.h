@@ -50,6 +50,9 @@ struct gg_policy {
     enum gg_stacks stacks;         /* default near_miss */
     int depth;                     /* default 32, 1..128 */
     bool broken;                   /* a problem was reported for this policy */
+    /* Added for reporting: where the headroom came from. */
+    int headroom_line;             /* line of [memory] headroom in `file`, 0 = none */
+    bool headroom_from_env;        /* GPUGUARD_HEADROOM set it */
 };
 
 /* Environment overrides, as read once by the shim (options.c). NULL = unset. */
@@ -100,5 +103,23 @@ uint64_t gg_size_bytes(struct gg_size s, uint64_t total);
 bool gg_policy_matches(const char *match, const char *name);
 
 const char *gg_mode_name(enum gg_mode m);
+const char *gg_enforce_name(enum gg_enforce e);
+const char *gg_stacks_name(enum gg_stacks s);
+/* "SIGUSR2" for a known signal, "none" for 0, NULL for a bare number. */
+const char *gg_signal_name(int sig);
+
+/* The policy files of a directory: names ending in ".ini" that do not start
+ * with '.', directories left out, in strcmp order of the names. Calls
+ * fn(arg, path, name) for each (path = dir/name) and stops at the first
+ * nonzero return, which it returns; 0 when all were seen; -1 with errno set
+ * when the directory cannot be read. Allocates only for the call. */
+typedef int (*gg_policy_each_fn)(void *arg, const char *path, const char *name);
+int gg_policy_dir_each(const char *dir, gg_policy_each_fn fn, void *arg);
+
+/* A file of a policy directory other than default.ini must have a [gpu]
+ * match, or it could never apply. Reports (path, 0, ...) and returns 1 when
+ * *p (loaded from path) has none; else 0. */
+int gg_policy_check_member(const char *path, const struct gg_policy *p,
+                           gg_policy_report report, void *ctx);
 
 #endif /* GG_POLICY_H */

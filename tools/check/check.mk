@@ -1,0 +1,12 @@
+# check.mk - gpuguard-check, included by the top Makefile.
+#
+# The policy code is compiled straight into the tool (not taken from the core
+# archive), so gpuguard-check builds on its own. The CUDA driver is dlopen()ed
+# at run time: only the toolkit's cuda.h is needed, never libcuda.
+
+CHECK_SRC := tools/check/gpuguard-check.c shim/policy.c
+
+$(BUILD)/gpuguard-check: $(CHECK_SRC) shim/policy.h tools/check/check.mk
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Ishim -Iinclude $(CUDA_INC) $(DEP_CFLAGS) $(CHECK_SRC) -o $@ \
+	  $(LDFLAGS) -linih -ldl
