@@ -36,6 +36,7 @@ REAL_SLOT(cudaMalloc) REAL_SLOT(cudaFree) REAL_SLOT(cudaMallocAsync)
 REAL_SLOT(cudaMallocAsync_ptsz) REAL_SLOT(cudaFreeAsync) REAL_SLOT(cudaFreeAsync_ptsz)
 REAL_SLOT(cudaMallocFromPoolAsync) REAL_SLOT(cudaMallocFromPoolAsync_ptsz)
 REAL_SLOT(cudaMallocManaged) REAL_SLOT(cudaMallocPitch) REAL_SLOT(cudaMemGetInfo)
+REAL_SLOT(cudaGetDevice)
 REAL_SLOT(cudaGetDriverEntryPoint) REAL_SLOT(cudaGetDriverEntryPoint_ptsz)
 REAL_SLOT(cudaGetDriverEntryPointByVersion) REAL_SLOT(cudaGetDriverEntryPointByVersion_ptsz)
 
@@ -49,11 +50,19 @@ static GG_COLD cudaError_t missing(const char *fn)
     return cudaErrorInitializationError;
 }
 
+/* The runtime allocates on its current device: ask the runtime. */
+static inline int runtime_device(void)
+{
+    __typeof__(&cudaGetDevice) get = REAL(cudaGetDevice);
+    int dev;
+    return get && get(&dev) == cudaSuccess ? dev : -1;
+}
+
 static inline bool begin(struct gg_call *c, enum gg_api api, uint64_t bytes)
 {
     if (!bytes || !gg_enter())
         return false;
-    c->dev = gg_guard_current_device();
+    c->dev = runtime_device();
     c->api = api;
     c->bytes = bytes;
     c->enforceable = true;
@@ -78,7 +87,7 @@ static GG_COLD void unknown_free(const void *p, cudaError_t r)
      * (made through a path it does not hook). Counted; said once. */
     if (r != cudaSuccess)
         return;
-    int dev = gg_guard_current_device();
+    int dev = runtime_device();
     if (dev >= 0 && dev < GG_MAX_DEVICES)
         atomic_fetch_add(&gg_ledger_counters[dev].unknown_frees, 1);
     static _Atomic bool said;
@@ -247,7 +256,7 @@ GG_EXPORT cudaError_t CUDARTAPI cudaMemGetInfo(size_t *free_b, size_t *total_b)
         return missing("cudaMemGetInfo");
     cudaError_t r = real(free_b, total_b);
     if (r == cudaSuccess && gg_enter()) {
-        gg_guard_meminfo(gg_guard_current_device(), free_b, total_b);
+        gg_guard_meminfo(runtime_device(), free_b, total_b);
         gg_leave();
     }
     return r;

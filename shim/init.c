@@ -46,6 +46,9 @@ static void write_start(void)
     gethostname(host, sizeof host - 1);
     gg_journal_begin(&j, buf, sizeof buf, "start");
     gg_json_ki64(&j, "pid", (int64_t)getpid());
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    gg_json_kf64(&j, "wall", (double)wall.tv_sec + wall.tv_nsec / 1e9); /* aligns journals */
     gg_json_kstr(&j, "comm", comm);
     gg_json_kstr(&j, "host", host);
     gg_json_key(&j, "rank");
