@@ -3,6 +3,7 @@
 #   make              build/libgpuguard.so and build/gpuguard-check
 #   make test         every test (no GPU needed); SANITIZE=1 for ASan+UBSan
 #   make test-tsan    the threaded unit tests under ThreadSanitizer
+#   make test-gpu     real PyTorch steps on a GPU (skips without one)
 #   make demo         a simulated training run under the guard
 #   make bench        what the shim costs (DESIGN.md section 6)
 #   make install PREFIX=/usr/local DESTDIR=
@@ -40,7 +41,7 @@ SHIM_LIB  := $(BUILD)/libgpuguard.so
 CORE_OBJ  := $(filter-out $(BUILD)/shim/hooks_runtime.o $(BUILD)/shim/api.o,$(SHIM_OBJ))
 CORE_LIB  := $(BUILD)/libggcore.a
 
-.PHONY: all deps test test-unit test-e2e test-tsan demo bench install clean check-deps
+.PHONY: all deps test test-unit test-e2e test-tsan test-gpu demo bench install clean check-deps
 all: check-deps $(SHIM_LIB) $(BUILD)/gpuguard-check
 
 # One clear message, with the command that installs what is missing.
@@ -99,6 +100,11 @@ test-e2e: $(TEST_DEPS)
 test-tsan: deps
 	@$(MAKE) --no-print-directory SANITIZE=thread $(patsubst $(BUILD)/%,build/tsan/%,$(UNIT_BIN))
 	@GG_BUILD=build/tsan GG_SANITIZE=thread $(PYTHON) tests/run.py --unit
+
+# Real PyTorch training steps under the shim (DESIGN.md section 5); skips
+# cleanly, and says so, where there is no GPU or no PyTorch.
+test-gpu: all
+	@GG_BUILD=$(BUILD) $(PYTHON) tests/gpu/run_gpu.py
 
 demo: deps
 	@$(MAKE) --no-print-directory $(SHIM_LIB) $(FAKE_LIBS)
