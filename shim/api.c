@@ -25,8 +25,8 @@ GG_EXPORT int gpuguard_stats(int dev, struct gpuguard_stats *out)
     out->current = atomic_load(&c->current);
     out->peak = atomic_load(&c->peak);
     out->peak_used = atomic_load(&d->peak_used);
-    out->allocs = atomic_load(&c->allocs);
-    out->frees = atomic_load(&c->frees);
+    out->allocs = gg_ledger_allocs(dev);
+    out->frees = gg_ledger_frees(dev);
     out->near_misses = atomic_load(&c->near_misses);
     out->refusals = atomic_load(&c->refusals);
     out->ooms = atomic_load(&c->ooms);

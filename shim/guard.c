@@ -412,14 +412,7 @@ bool gg_guard_release(uintptr_t ptr, struct gg_alloc *out)
 
 void gg_guard_unrelease(const struct gg_alloc *a)
 {
-    uint64_t cur;
-    bool new_peak;
-    if (!gg_ledger_add(a, &cur, &new_peak))
-        return;
-    struct gg_counters *c = &gg_ledger_counters[a->dev];
-    /* Neither a new allocation nor a free happened. */
-    atomic_fetch_sub_explicit(&c->allocs, 1, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&c->frees, 1, memory_order_relaxed);
+    gg_ledger_restore(a);
     if (a->site != GG_SITE_NONE)
         gg_site_charge(a->site, (int64_t)a->size, 1);
 }

@@ -37,8 +37,15 @@ struct entry_info {
 
 static void *_Atomic real_fn[E_COUNT][2];
 
-static void *real_of(enum entry e, int ptsz);
+static void *real_of_slow(enum entry e, int ptsz);
 static struct entry_info table[E_COUNT];
+
+/* The real function behind a hook: stored when the hook was handed out. */
+static inline void *real_of(enum entry e, int ptsz)
+{
+    void *p = atomic_load_explicit(&real_fn[e][ptsz], memory_order_acquire);
+    return gg_likely(p) ? p : real_of_slow(e, ptsz);
+}
 
 /* ---- the hook bodies ----------------------------------------------------- */
 
@@ -417,11 +424,9 @@ bool gg_hooks_driver_wanted(const char *name)
     return by_export(name) >= 0;
 }
 
-static void *real_of(enum entry e, int ptsz)
+static GG_COLD void *real_of_slow(enum entry e, int ptsz)
 {
-    void *p = atomic_load_explicit(&real_fn[e][ptsz], memory_order_acquire);
-    if (gg_likely(p))
-        return p;
+    void *p;
     /* Not looked up yet (a hook handed out before its real function was
      * stored cannot happen; this covers races): ask libcuda's own scope. */
     char name[64];

@@ -50,9 +50,12 @@ static GG_COLD cudaError_t missing(const char *fn)
     return cudaErrorInitializationError;
 }
 
-/* The runtime allocates on its current device: ask the runtime. */
+/* The runtime allocates on its current device: ask the runtime, unless
+ * there is only one. */
 static inline int runtime_device(void)
 {
+    if (gg_device_count == 1)
+        return 0;
     __typeof__(&cudaGetDevice) get = REAL(cudaGetDevice);
     int dev;
     return get && get(&dev) == cudaSuccess ? dev : -1;

@@ -152,7 +152,7 @@ void gg_passthrough(void)
 static bool device_used(int dev)
 {
     const struct gg_counters *c = &gg_ledger_counters[dev];
-    return atomic_load(&c->allocs) || atomic_load(&c->ooms) || atomic_load(&c->refusals);
+    return gg_ledger_allocs(dev) || atomic_load(&c->ooms) || atomic_load(&c->refusals);
 }
 
 static void write_summary(double duration)
@@ -174,13 +174,14 @@ static void write_summary(double duration)
         gg_json_ku64(&j, "limit", d->limit);
         gg_json_ku64(&j, "peak", atomic_load(&c->peak));
         gg_json_ku64(&j, "peak_used", atomic_load(&d->peak_used));
-        gg_json_ku64(&j, "allocs", atomic_load(&c->allocs));
-        gg_json_ku64(&j, "frees", atomic_load(&c->frees));
+        uint64_t allocs = gg_ledger_allocs(i), frees = gg_ledger_frees(i);
+        gg_json_ku64(&j, "allocs", allocs);
+        gg_json_ku64(&j, "frees", frees);
         gg_json_ku64(&j, "near_misses", atomic_load(&c->near_misses));
         gg_json_ku64(&j, "refusals", atomic_load(&c->refusals));
         gg_json_ku64(&j, "ooms", atomic_load(&c->ooms));
         gg_json_ku64(&j, "live_bytes", atomic_load(&c->current));
-        gg_json_ku64(&j, "live_allocs", atomic_load(&c->live_allocs));
+        gg_json_ku64(&j, "live_allocs", allocs - frees);
         gg_json_ku64(&j, "unknown_frees", atomic_load(&c->unknown_frees));
         gg_json_key(&j, "peak_stack");
         gg_stack_json(&j, atomic_load(&d->peak_site));

@@ -7,6 +7,7 @@
  */
 #include "ledger.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #include "os.h"
@@ -19,7 +20,17 @@ struct shard {
     uint32_t cap;   /* power of two, 0 before the first insert */
     uint32_t count;
     struct gg_alloc *slot;
+    /* Written under the lock with plain (relaxed, not locked) stores; read
+     * without it when summed. */
+    _Atomic uint64_t allocs[GG_MAX_DEVICES], frees[GG_MAX_DEVICES];
 };
+
+/* +1 under the shard's lock: a load and a store, no locked instruction. */
+static inline void bump(_Atomic uint64_t *c, int64_t by)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + (uint64_t)by,
+                          memory_order_relaxed);
+}
 
 static struct shard shards[SHARDS];
 struct gg_counters gg_ledger_counters[GG_MAX_DEVICES];
@@ -119,29 +130,31 @@ bool gg_ledger_add(const struct gg_alloc *a, uint64_t *current, bool *new_peak)
     uint64_t h = hash(a->ptr);
     struct shard *s = shard_of(h);
     gg_spin_lock(&s->lock);
-    int64_t at = lookup(s, a->ptr, h);
-    if (gg_unlikely(at >= 0)) {
-        /* The allocator handed out a pointer we think is live: a free we did
-         * not see (a path we do not hook). The new allocation replaces it. */
-        struct gg_alloc old = s->slot[at];
-        erase(s, (uint32_t)at);
-        struct gg_counters *oc = &gg_ledger_counters[old.dev];
-        atomic_fetch_sub_explicit(&oc->current, old.size, memory_order_relaxed);
-        atomic_fetch_sub_explicit(&oc->live_allocs, 1, memory_order_relaxed);
-        gg_site_charge(old.site, -(int64_t)old.size, -1);
-    }
     if (gg_unlikely((s->count + 1) * 4 > s->cap * 3) && !grow(s)) {
         gg_spin_unlock(&s->lock);
         return false;
     }
-    place(s->slot, s->cap, a, h);
-    s->count++;
+    /* One probe: the pointer's slot if it is there, else the first empty one. */
+    uint32_t mask = s->cap - 1, i = (uint32_t)h & mask;
+    while (s->slot[i].ptr && s->slot[i].ptr != a->ptr)
+        i = (i + 1) & mask;
+    if (gg_unlikely(s->slot[i].ptr)) {
+        /* The allocator handed out a pointer we think is live: a free we did
+         * not see (a path we do not hook). The new allocation replaces it. */
+        struct gg_alloc old = s->slot[i];
+        bump(&s->frees[old.dev], 1);
+        atomic_fetch_sub_explicit(&gg_ledger_counters[old.dev].current, old.size,
+                                  memory_order_relaxed);
+        gg_site_charge(old.site, -(int64_t)old.size, -1);
+    } else {
+        s->count++;
+    }
+    s->slot[i] = *a;
+    bump(&s->allocs[a->dev], 1);
     gg_spin_unlock(&s->lock);
 
     struct gg_counters *c = &gg_ledger_counters[a->dev];
     uint64_t cur = atomic_fetch_add_explicit(&c->current, a->size, memory_order_relaxed) + a->size;
-    atomic_fetch_add_explicit(&c->allocs, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&c->live_allocs, 1, memory_order_relaxed);
     *new_peak = gg_atomic_max(&c->peak, cur);
     *current = cur;
     return true;
@@ -159,13 +172,48 @@ bool gg_ledger_remove(uintptr_t ptr, struct gg_alloc *out)
     }
     *out = s->slot[at];
     erase(s, (uint32_t)at);
+    bump(&s->frees[out->dev], 1);
     gg_spin_unlock(&s->lock);
 
-    struct gg_counters *c = &gg_ledger_counters[out->dev];
-    atomic_fetch_sub_explicit(&c->current, out->size, memory_order_relaxed);
-    atomic_fetch_add_explicit(&c->frees, 1, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&c->live_allocs, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&gg_ledger_counters[out->dev].current, out->size,
+                              memory_order_relaxed);
     return true;
+}
+
+void gg_ledger_restore(const struct gg_alloc *a)
+{
+    uint64_t h = hash(a->ptr);
+    struct shard *s = shard_of(h);
+    gg_spin_lock(&s->lock);
+    if (lookup(s, a->ptr, h) >= 0 || ((s->count + 1) * 4 > s->cap * 3 && !grow(s))) {
+        gg_spin_unlock(&s->lock);
+        return;
+    }
+    place(s->slot, s->cap, a, h);
+    s->count++;
+    bump(&s->frees[a->dev], -1);
+    gg_spin_unlock(&s->lock);
+    atomic_fetch_add_explicit(&gg_ledger_counters[a->dev].current, a->size, memory_order_relaxed);
+}
+
+static uint64_t sum(size_t offset, int dev)
+{
+    uint64_t n = 0;
+    for (int k = 0; k < SHARDS; k++) {
+        const _Atomic uint64_t *arr = (const _Atomic uint64_t *)((const char *)&shards[k] + offset);
+        n += atomic_load_explicit(&arr[dev], memory_order_relaxed);
+    }
+    return n;
+}
+
+uint64_t gg_ledger_allocs(int dev)
+{
+    return (unsigned)dev < GG_MAX_DEVICES ? sum(offsetof(struct shard, allocs), dev) : 0;
+}
+
+uint64_t gg_ledger_frees(int dev)
+{
+    return (unsigned)dev < GG_MAX_DEVICES ? sum(offsetof(struct shard, frees), dev) : 0;
 }
 
 bool gg_ledger_find(uintptr_t ptr, struct gg_alloc *out)
@@ -206,6 +254,8 @@ void gg_ledger_reset(void)
         gg_os_free(shards[k].slot, table_bytes(shards[k].cap));
         shards[k].slot = NULL;
         shards[k].cap = shards[k].count = 0;
+        memset((void *)shards[k].allocs, 0, sizeof shards[k].allocs);
+        memset((void *)shards[k].frees, 0, sizeof shards[k].frees);
         atomic_flag_clear(&shards[k].lock.f);
     }
     memset(gg_ledger_counters, 0, sizeof gg_ledger_counters);

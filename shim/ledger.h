@@ -40,17 +40,17 @@ struct gg_alloc {
     uint8_t pad;
 };
 
-/* Per device, each counter on its own cache line where threads write. */
+/* Per device. `current` and `peak` are the only counters every allocation
+ * writes through a shared atomic (the exact peak needs one order of
+ * additions); allocation and free counts live in the shards, under the lock
+ * already held, and are summed when read. */
 struct gg_counters {
     _Alignas(64) _Atomic uint64_t current;   /* bytes held now */
     _Alignas(64) _Atomic uint64_t peak;      /* most bytes held */
-    _Alignas(64) _Atomic uint64_t allocs;
-    _Alignas(64) _Atomic uint64_t frees;
-    _Atomic uint64_t ooms;                   /* the real allocator said no */
+    _Alignas(64) _Atomic uint64_t ooms;      /* the real allocator said no */
     _Atomic uint64_t refusals;               /* the guard said no */
     _Atomic uint64_t near_misses;
     _Atomic uint64_t unknown_frees;          /* frees of pointers never seen */
-    _Atomic uint64_t live_allocs;
 };
 
 extern struct gg_counters gg_ledger_counters[GG_MAX_DEVICES];
@@ -63,6 +63,14 @@ bool gg_ledger_add(const struct gg_alloc *a, uint64_t *current, bool *new_peak);
 /* Forget an allocation that is being freed. False if the pointer is unknown;
  * otherwise *out holds what was recorded and the counters are updated. */
 bool gg_ledger_remove(uintptr_t ptr, struct gg_alloc *out);
+
+/* Put back an entry removed for a free that then failed: neither an
+ * allocation nor a free happened. */
+void gg_ledger_restore(const struct gg_alloc *a);
+
+/* Allocations and frees recorded for a device (live = allocs - frees). */
+uint64_t gg_ledger_allocs(int dev);
+uint64_t gg_ledger_frees(int dev);
 
 /* Look without changing anything. */
 bool gg_ledger_find(uintptr_t ptr, struct gg_alloc *out);

@@ -1,0 +1,533 @@
+#!/usr/bin/env python3
+"""gpuguard demo: a training run that outgrows its GPU, without and with the guard.
+
+    GG_BUILD=build python3 tools/demo/demo.py [--simulate | --real] [--out DIR]
+
+`make demo` runs this. The same trainer runs twice as a child process:
+
+  1. without gpuguard: its activation memory grows with the sequence length
+     (a curriculum: longer sequences every epoch) until a step no longer fits
+     and it dies of "CUDA out of memory", partway through;
+  2. under LD_PRELOAD=libgpuguard.so with the Python helper (gpuguard.Guard):
+     the shim advises it to halve its batch (and double its gradient
+     accumulation) at the first near miss, before any OOM; it shrinks,
+     keeps its effective batch and finishes every step.
+
+Then tools/gpuguard-report reads the guarded run's journal.
+
+Without a GPU (or without PyTorch) the GPU is the fake one of tests/fake (an
+RTX 3090, 24 GiB) and "PyTorch" is libtorchlike.so, a caching allocator like
+PyTorch's, driven through ctypes. With `nvidia-smi` and a PyTorch that sees
+CUDA, the trainer is a small real PyTorch model on the real GPU instead, on a
+budget of at most 24 GiB (PyTorch's per-process memory fraction for the
+unguarded run, a gpuguard policy for the guarded one).
+
+Journals and the HTML report go to DIR (default $GG_BUILD/demo). Exit status:
+0 when the story went as it should (the unguarded run died of OOM, the
+guarded one finished), 1 otherwise. Standard library only.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+PYHELPER = os.path.join(ROOT, "tools", "python")
+REPORT = os.path.join(ROOT, "tools", "gpuguard-report")
+POLICY_DIR = os.path.join(ROOT, "policy")
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+# ---- the story's numbers (the simulated run) ---------------------------------
+#
+# An RTX 3090 (24 GiB) under policy/rtx-3090.ini: headroom 10%, so the limit is
+# 21.6 GiB, and near_miss 5%, so the near-miss zone starts at 20.4 GiB used.
+#   CUDA context                         0.5 GiB  (PyTorch never sees it)
+#   weights, gradients, Adam's 2 moments 4 x 1.5 GiB, allocated once
+#   activations: 12 layers x 96 KiB per sample per token, plus one layer's
+#     worth of backward workspace, freed after every step
+#   sequence length: 256 at epoch 1, growing to 1024 at epoch 9
+# Peak device use per step = 6.5 GiB + batch x seq x 1.125 MiB x 13/12:
+#   batch 32: seq 384 -> 21.1 GiB (near miss, under the limit),
+#             seq 448 -> 23.6 GiB (fits the card, just), seq 512 -> 26.0 GiB (OOM)
+#   batch 16: seq 768 -> 21.1 GiB (near miss again)
+#   batch  8: seq 1024 -> 16.3 GiB
+FAKE_DEVICE = "NVIDIA GeForce RTX 3090,24GiB,8.6"
+FAKE_PLAN = {
+    "context": 512 * MiB,
+    "state": [("weights", 1536 * MiB), ("gradients", 1536 * MiB),
+              ("Adam exp_avg", 1536 * MiB), ("Adam exp_avg_sq", 1536 * MiB)],
+    "layers": 12,
+    "per_token_layer": 96 * KiB,
+    "schedule": [256, 320, 384, 448, 512, 640, 768, 896, 1024],
+    "steps_per_epoch": 3,
+    "batch_size": 32,
+    "grad_accum": 1,
+}
+
+
+def fmt(n):
+    """Bytes as PyTorch and the shim print them: 1.2 GiB, 512.0 MiB."""
+    n = float(n)
+    for unit, size in (("TiB", 1 << 40), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if abs(n) >= size:
+            return "%.1f %s" % (n / size, unit)
+    return "%d B" % n
+
+
+# =============================================================================
+# The trainer (the child process): the same code for both runs.
+# =============================================================================
+
+class OutOfMemoryError(RuntimeError):
+    """What torch.OutOfMemoryError is to PyTorch, for the simulated run."""
+
+
+class FakeTorch(object):
+    """The model on libtorchlike.so: every tensor is a tl_malloc'd block."""
+
+    def __init__(self, plan, build):
+        import ctypes
+        self.ctypes = ctypes
+        self.plan = plan
+        lib = ctypes.CDLL(os.path.join(build, "fake", "libtorchlike.so"))
+        lib.tl_malloc.argtypes = [ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
+        lib.tl_malloc.restype = ctypes.c_int
+        lib.tl_free.argtypes = [ctypes.c_void_p]
+        lib.tl_free.restype = None
+        lib.tl_empty_cache.restype = None
+        for name in ("tl_reserved", "tl_max_reserved", "tl_allocated"):
+            getattr(lib, name).restype = ctypes.c_ulonglong
+        lib.tl_last_error.restype = ctypes.c_char_p
+        self.lib = lib
+        self.OOM = OutOfMemoryError
+        self.state = [self.alloc(size) for _, size in plan["state"]]
+        self.step_peak = 0
+
+    def alloc(self, size):
+        p = self.ctypes.c_void_p()
+        rc = self.lib.tl_malloc(size, self.ctypes.byref(p))
+        if rc == 2:  # cudaErrorMemoryAllocation after the flush-and-retry
+            raise OutOfMemoryError(self.lib.tl_last_error().decode())
+        if rc != 0:
+            raise RuntimeError(self.lib.tl_last_error().decode() or "CUDA error %d" % rc)
+        return p.value
+
+    def layer(self, batch, seq):
+        return self.alloc(batch * seq * self.plan["per_token_layer"])
+
+    def micro_batch(self, batch, seq, accum):
+        """Forward through every layer (activations kept for backward),
+        backward with one layer's workspace, then everything freed."""
+        acts = []
+        try:
+            for _ in range(self.plan["layers"]):
+                acts.append(self.layer(batch, seq))
+            acts.append(self.layer(batch, seq))  # backward workspace
+            self.step_peak = max(self.step_peak, self.lib.tl_reserved())
+        finally:
+            for p in reversed(acts):
+                self.lib.tl_free(p)
+
+    def optimizer_step(self):
+        time.sleep(0.01)  # the compute of a step, for a readable timeline
+
+    def zero_grad(self):
+        pass
+
+    def empty_cache(self):
+        self.lib.tl_empty_cache()
+
+    def take_peak(self):
+        peak, self.step_peak = self.step_peak, 0
+        return peak
+
+
+class RealTorch(object):
+    """A small real model: `layers` x (Linear HxH without bias, GELU), fp32,
+    Adam. Activations are batch x seq x H per saved tensor, two per layer."""
+
+    def __init__(self, plan, build):
+        import torch
+        self.torch = torch
+        self.OOM = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+        torch.backends.cuda.matmul.allow_tf32 = True
+        if plan.get("fraction"):
+            torch.cuda.set_per_process_memory_fraction(plan["fraction"], 0)
+        h = plan["hidden"]
+        self.hidden = h
+        self.weights = [torch.nn.Parameter(torch.randn(h, h, device="cuda") / h ** 0.5)
+                        for _ in range(plan["layers"])]
+        self.opt = torch.optim.Adam(self.weights, lr=1e-5)
+
+    def micro_batch(self, batch, seq, accum):
+        torch = self.torch
+        x = torch.randn(batch, seq, self.hidden, device="cuda")
+        for w in self.weights:
+            x = torch.nn.functional.gelu(x @ w)
+        loss = x.square().mean() / accum
+        del x
+        loss.backward()
+
+    def optimizer_step(self):
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def zero_grad(self):
+        self.opt.zero_grad(set_to_none=True)
+
+    def empty_cache(self):
+        self.torch.cuda.empty_cache()
+
+    def take_peak(self):
+        peak = self.torch.cuda.max_memory_reserved()
+        self.torch.cuda.reset_peak_memory_stats()
+        return peak
+
+
+def train(args):
+    plan = json.loads(args.plan)
+    build = args.build
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import gpuguard
+        guard = gpuguard.Guard(batch_size=plan["batch_size"], grad_accum=plan["grad_accum"])
+    for w in caught:
+        print("  %s" % w.message)
+    print("gpuguard helper: %s" % ("active (libgpuguard.so is preloaded)" if guard.active
+                                   else "inactive"))
+    model = RealTorch(plan, build) if args.train == "real" else FakeTorch(plan, build)
+    batch, accum = guard.batch_size, guard.grad_accum
+    schedule, per_epoch = plan["schedule"], plan["steps_per_epoch"]
+    total = len(schedule) * per_epoch
+    step = samples = 0
+    sys.stdout.flush()
+    for epoch, seq in enumerate(schedule, 1):
+        model.empty_cache()  # a new sequence length: drop the cached blocks of the old one
+        first, start = step + 1, (batch, accum)
+        peak = 0
+        for _ in range(per_epoch):
+            step += 1
+            while True:
+                try:
+                    for _ in range(accum):
+                        model.micro_batch(batch, seq, accum)
+                    model.optimizer_step()
+                    break
+                except model.OOM as e:
+                    # Without the guard there is nothing to do but die.
+                    if not guard.shrink_requested:
+                        print("step %d/%d (epoch %d, seq %d, batch %d x accum %d): "
+                              "CUDA out of memory" % (step, total, epoch, seq, batch, accum))
+                        sys.stdout.flush()
+                        raise
+                    oom = str(e).split(".")[0]
+                # A refusal by the guard is a clean OOM that comes with an
+                # advice: shrink and redo the step (outside the except block,
+                # so that the traceback no longer holds the step's tensors).
+                model.zero_grad()
+                batch, accum = guard.accept()
+                model.empty_cache()
+                print("step %d/%d: %s; gpuguard advised, redoing the step with batch %d x "
+                      "accum %d" % (step, total, oom, batch, accum))
+            samples += batch * accum
+            peak = max(peak, model.take_peak())
+            if guard.shrink_requested:
+                adv = guard.advice() or {}
+                old = (batch, accum)
+                batch, accum = guard.accept()
+                model.empty_cache()  # Guard.accept() does this itself for real PyTorch
+                print("step %d/%d (epoch %d, seq %d): gpuguard advice #%s (%s): "
+                      "batch %d x accum %d -> %d x %d, effective batch %d kept"
+                      % (step, total, epoch, seq, adv.get("seq", "?"), adv.get("reason", "?"),
+                         old[0], old[1], batch, accum, batch * accum))
+        shape = "%2d x %d" % (batch, accum)
+        if start != (batch, accum):
+            shape = "%2d x %d -> %s" % (start[0], start[1], shape)
+        print("epoch %d/%d  seq %4d  steps %2d-%-2d  batch x accum %-16s peak reserved %s"
+              % (epoch, len(schedule), seq, first, step, shape, fmt(peak)))
+        sys.stdout.flush()
+    print("finished: %d/%d steps, %d samples (effective batch %d per step)"
+          % (step, total, samples, samples // max(step, 1)))
+    stats = guard.stats()
+    if stats:
+        print("guard.stats(): peak %s, device peak %s, limit %s, near misses %d, "
+              "refused %d" % (fmt(stats["peak"]), fmt(stats["peak_used"]), fmt(stats["limit"]),
+                              stats["near_misses"], stats["refusals"]))
+    return 0
+
+
+# =============================================================================
+# The story (the parent process).
+# =============================================================================
+
+def say(text=""):
+    print(text)
+    sys.stdout.flush()
+
+
+def heading(text):
+    say()
+    say(text)
+    say("-" * len(text))
+
+
+def have_real_gpu():
+    """nvidia-smi works and a PyTorch that sees CUDA is importable."""
+    if not shutil.which("nvidia-smi"):
+        return False
+    try:
+        if subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, timeout=60).returncode != 0:
+            return False
+        probe = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
+        return subprocess.run([sys.executable, "-c", probe], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=300).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def base_env(build):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("GPUGUARD_", "FAKECUDA_")) and k not in ("LD_PRELOAD", "RANK")}
+    env["PYTHONPATH"] = PYHELPER + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("PYTHONWARNINGS", None)
+    return env
+
+
+def run_trainer(backend, plan, build, env, out_dir):
+    """Run the trainer, relaying its progress lines; returns (rc, pid, stderr)."""
+    argv = [sys.executable, os.path.abspath(__file__), "--train", backend,
+            "--build", build, "--plan", json.dumps(plan)]
+    with tempfile.TemporaryFile(mode="w+") as err:
+        proc = subprocess.Popen(argv, cwd=out_dir, env=env, stdout=subprocess.PIPE,
+                                stderr=err, text=True)
+        for line in proc.stdout:
+            say("  | " + line.rstrip("\n"))
+        proc.wait()
+        err.seek(0)
+        return proc.returncode, proc.pid, err.read()
+
+
+def last_error_line(stderr):
+    lines = [l for l in stderr.splitlines() if l.strip()]
+    for l in reversed(lines):
+        if "Error" in l or "error" in l:
+            return l.strip()
+    return lines[-1].strip() if lines else "(no message)"
+
+
+def fake_setup(build, out_dir):
+    plan = dict(FAKE_PLAN)
+    env = base_env(build)
+    fake = os.path.join(build, "fake")
+    env["FAKECUDA_DEVICES"] = FAKE_DEVICE
+    env["FAKECUDA_CONTEXT_BYTES"] = str(plan["context"])
+    env["LD_LIBRARY_PATH"] = fake + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    guarded = dict(env)
+    guarded["GPUGUARD_POLICY"] = POLICY_DIR
+    total, limit, zone = 24 * GiB, 24 * GiB * 9 // 10, 24 * GiB * 85 // 100
+    state = sum(size for _, size in plan["state"])
+    per_token = plan["layers"] * plan["per_token_layer"]
+
+    heading("The GPU and the job")
+    say("GPU      NVIDIA GeForce RTX 3090, %s (simulated: %s, no GPU needed)"
+        % (fmt(total), os.path.relpath(os.path.join(build, "fake"), ROOT)))
+    say("policy   policy/rtx-3090.ini: headroom 10%% -> limit %s; near_miss 5%% -> the "
+        "near-miss zone starts at %s used" % (fmt(limit), fmt(zone)))
+    say("\"torch\"  libtorchlike.so, a caching allocator like PyTorch's, through ctypes")
+    say("model    %s of weights, gradients and Adam state, allocated once; CUDA context %s"
+        % (fmt(state), fmt(plan["context"])))
+    say("         activations %s per sample per token (%d layers), freed after each step"
+        % (fmt(per_token), plan["layers"]))
+    say("schedule %d epochs x %d steps, sequence length %s"
+        % (len(plan["schedule"]), plan["steps_per_epoch"],
+           " -> ".join(str(s) for s in plan["schedule"])))
+    say("batch    %d x accum %d: peak device use %s at seq 384, %s at seq 448, %s at seq 512"
+        % (plan["batch_size"], plan["grad_accum"],
+           *(fmt(plan["context"] + state + plan["batch_size"] * s * per_token * 13 // 12)
+             for s in (384, 448, 512))))
+    return plan, env, guarded
+
+
+def nvidia_smi_memory():
+    out = subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=name,memory.total,memory.used",
+                          "--format=csv,noheader,nounits"], stdout=subprocess.PIPE, text=True,
+                         timeout=60).stdout.strip().splitlines()[0]
+    name, total, used = [f.strip() for f in out.rsplit(",", 2)]
+    return name, int(total) * MiB, int(used) * MiB
+
+
+def real_setup(build, out_dir):
+    name, total, used = nvidia_smi_memory()
+    card = min(24 * GiB, int((total - used) * 0.8))
+    scale = card / (24.0 * GiB)
+    per_token = FAKE_PLAN["layers"] * FAKE_PLAN["per_token_layer"] * scale
+    hidden = 2688                          # 16 bytes of state per weight: 6 GiB x scale
+    layers = max(2, int(round(per_token / (8 * hidden))))  # 2 saved fp32 tensors per layer
+    plan = dict(FAKE_PLAN, hidden=hidden, layers=layers, fraction=card / float(total))
+    env = base_env(build)
+    guarded = dict(env)
+    limit = used + GiB + card * 9 // 10    # others + our context + 90% of the budget
+    policy = os.path.join(out_dir, "demo-policy.ini")
+    with open(policy, "w") as f:
+        f.write("; written by tools/demo/demo.py: a %s budget on %s\n[gpu]\nmatch = *\n"
+                "[memory]\nheadroom = %d\nnear_miss = %d\nmode = enforce\n"
+                "[trainer]\nsignal = SIGUSR2\n" % (fmt(card), name, total - limit, card // 10))
+    guarded["GPUGUARD_POLICY"] = policy
+    real_plan = dict(plan)
+    real_plan.pop("fraction")
+    heading("The GPU and the job")
+    say("GPU      %s, %s (%s in use before the demo)" % (name, fmt(total), fmt(used)))
+    say("budget   %s: the unguarded run gets it as PyTorch's per-process memory fraction,"
+        % fmt(card))
+    say("         the guarded one as a policy (%s): limit %s device-wide" % (policy, fmt(limit)))
+    say("model    %d x Linear(%d, %d) + GELU, fp32, Adam: %s of state"
+        % (layers, hidden, hidden, fmt(16 * layers * hidden * hidden)))
+    say("schedule %d epochs x %d steps, sequence length %s, batch %d"
+        % (len(plan["schedule"]), plan["steps_per_epoch"],
+           " -> ".join(str(s) for s in plan["schedule"]), plan["batch_size"]))
+    return plan, real_plan, env, guarded
+
+
+def find_journal(out_dir, pid):
+    for name in sorted(os.listdir(out_dir)):
+        if name.startswith("gpuguard.") and name.endswith(".%d.jsonl" % pid):
+            return os.path.join(out_dir, name)
+    return None
+
+
+def batches(first, advised):
+    """The batch sizes the advice led through: 32, 16, 8."""
+    seen = [first]
+    for a in advised:
+        if 0 < a["batch_size"] < seen[-1]:
+            seen.append(a["batch_size"])
+    return seen
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--simulate", action="store_true", help="the fake GPU even when a real one is here")
+    ap.add_argument("--real", action="store_true", help="insist on the real GPU and PyTorch")
+    ap.add_argument("--out", help="where the journals go (default $GG_BUILD/demo)")
+    ap.add_argument("--train", choices=("fake", "real"), help=argparse.SUPPRESS)
+    ap.add_argument("--build", help=argparse.SUPPRESS)
+    ap.add_argument("--plan", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.train:
+        return train(args)
+
+    build = os.environ.get("GG_BUILD") or "build"
+    if not os.path.isabs(build) and os.path.isdir(os.path.join(ROOT, build)):
+        build = os.path.join(ROOT, build)  # make runs us from the root; anyone else may not
+    build = os.path.abspath(build)
+    shim = os.path.join(build, "libgpuguard.so")
+    real = args.real or (not args.simulate and have_real_gpu())
+    needed = [shim] + ([] if real else [os.path.join(build, "fake", "libtorchlike.so")])
+    missing = [p for p in needed if not os.path.exists(p)]
+    if missing:
+        say("demo: missing %s; run `make demo` (it builds them)" % ", ".join(missing))
+        return 1
+    out_dir = os.path.abspath(args.out or os.path.join(build, "demo"))
+    os.makedirs(out_dir, exist_ok=True)
+    for name in os.listdir(out_dir):  # journals of an earlier demo
+        if name.startswith("gpuguard.") and name.endswith(".jsonl"):
+            os.unlink(os.path.join(out_dir, name))
+
+    say("gpuguard demo: a training run that outgrows its GPU")
+    say("=" * 51)
+    say("The same trainer runs twice. Its activation memory grows with the batch and with the")
+    say("sequence length, which grows every epoch. Without gpuguard it dies of an OOM partway;")
+    say("with gpuguard it is told to halve its batch (and double its gradient accumulation)")
+    say("at the first near miss, before the OOM, and finishes.")
+    if real:
+        plan, guarded_plan, env, guarded = real_setup(build, out_dir)
+        backend = "real"
+    else:
+        plan, env, guarded = fake_setup(build, out_dir)
+        guarded_plan = plan
+        backend = "fake"
+    guarded["LD_PRELOAD"] = shim
+    guarded["GPUGUARD_JOURNAL_DIR"] = out_dir
+    total_steps = len(plan["schedule"]) * plan["steps_per_epoch"]
+
+    heading("Run 1: without gpuguard")
+    say("$ python3 tools/demo/demo.py --train %s ...   # the trainer: batch %d x accum %d"
+        % (backend, plan["batch_size"], plan["grad_accum"]))
+    t0 = time.time()
+    rc1, _, err1 = run_trainer(backend, plan, build, env, out_dir)
+    died = rc1 not in (0, None) and "out of memory" in err1
+    if died:
+        say("=> it died: %s" % last_error_line(err1))
+        say("   exit status %d after %.1f s; everything since the last checkpoint is lost" % (rc1, time.time() - t0))
+    elif rc1 == 0:
+        say("=> it finished without an OOM: the demo's numbers do not fit this GPU's story")
+    else:
+        say("=> it failed, but not with an OOM (exit %s):" % rc1)
+        for line in err1.strip().splitlines()[-8:]:
+            say("   " + line)
+
+    heading("Run 2: the same trainer under gpuguard")
+    say("$ LD_PRELOAD=%s python3 tools/demo/demo.py --train %s ..."
+        % (os.path.relpath(shim, ROOT), backend))
+    say("  the trainer already does: guard = gpuguard.Guard(batch_size=%d, grad_accum=%d)"
+        % (plan["batch_size"], plan["grad_accum"]))
+    say("  and after each step: if guard.shrink_requested: batch, accum = guard.accept()")
+    t0 = time.time()
+    rc2, pid2, err2 = run_trainer(backend, guarded_plan, build, guarded, out_dir)
+    shim_lines = [l for l in err2.splitlines() if l.startswith("gpuguard:")]
+    finished = rc2 == 0
+    say("=> %s (exit status %d, %.1f s); the shim's summary on stderr:"
+        % ("it finished every step" if finished else "it did NOT finish", rc2, time.time() - t0))
+    for line in shim_lines:
+        say("   " + line)
+    if not finished:
+        for line in err2.strip().splitlines()[-8:]:
+            say("   " + line)
+
+    journal = find_journal(out_dir, pid2)
+    advised = []
+    if journal:
+        with open(journal) as f:
+            events = [json.loads(l) for l in f if l.strip()]
+        incidents = [e for e in events if e["ev"] in ("refused", "oom")]
+        advised = [e for e in events if e["ev"] == "advice"]
+        first_incident = min([e["t"] for e in incidents] or [float("inf")])
+        advised_first = bool(advised) and advised[0]["t"] <= first_incident
+
+        heading("Post-mortem: tools/gpuguard-report %s" % os.path.relpath(journal))
+        html = os.path.join(out_dir, "report.html")
+        rep = subprocess.run([sys.executable, REPORT, journal, "--html", html],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        say(rep.stdout.rstrip())
+        if rep.returncode == 0 and os.path.exists(html):
+            say()
+            say("(timeline: %s)" % os.path.relpath(html))
+    else:
+        advised_first = False
+        say()
+        say("demo: the guarded run left no journal in %s" % out_dir)
+
+    heading("Verdict")
+    say("without gpuguard: %s" % ("died of CUDA out of memory" if died else "did not die of an OOM (unexpected)"))
+    say("with gpuguard:    %s; batch %s; %d advice%s, %s"
+        % ("finished all %d steps" % total_steps if finished else "did not finish",
+           " -> ".join(str(b) for b in batches(plan["batch_size"], advised)),
+           len(advised), "" if len(advised) == 1 else "s",
+           "the first before any refusal or OOM" if advised_first else "none before the trouble"))
+    ok = died and finished and advised_first
+    say("story: %s" % ("as expected" if ok else "NOT as expected"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
