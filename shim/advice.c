@@ -87,10 +87,9 @@ void gg_advice_raise(int dev, enum gg_reason why)
         disarmed = true;
     gg_spin_unlock(&lock);
 
-    bool signaled = false;
-    if (handled(p->signal))
-        signaled = kill(getpid(), p->signal) == 0;
-
+    /* The line first, then the signal: a handler that attaches a note finds
+     * its advice already in the journal. */
+    bool signaled = handled(p->signal);
     char buf[512];
     struct gg_json j;
     gg_journal_begin(&j, buf, sizeof buf, "advice");
@@ -101,6 +100,8 @@ void gg_advice_raise(int dev, enum gg_reason why)
     gg_json_kstr(&j, "reason", adv.reason);
     gg_json_kbool(&j, "signaled", signaled);
     gg_journal_end(&j);
+    if (signaled)
+        kill(getpid(), p->signal);
 }
 
 int gg_advice_pending(struct gpuguard_advice *out)
