@@ -30,7 +30,8 @@ CFLAGS    := -std=c11 -D_GNU_SOURCE $(OPT) -g -fPIC -Wall -Wextra -Werror \
              -Wshadow -Wstrict-prototypes -Wmissing-prototypes $(SANFLAGS)
 CUDA_INC  := -I$(CUDA_HOME)/include
 DEP_CFLAGS := $(shell pkg-config --cflags libunwind inih 2>/dev/null)
-DEP_LIBS   := $(shell pkg-config --libs libunwind inih 2>/dev/null)
+# libunwind is not linked: the shim loads it RTLD_LOCAL at run time (stack.c).
+DEP_LIBS   := $(shell pkg-config --libs inih 2>/dev/null)
 LDFLAGS   := $(SANFLAGS)
 
 # The shim: hidden by default; only the hooks and the gpuguard_* API export.
@@ -56,9 +57,10 @@ $(BUILD)/shim/%.o: shim/%.c shim/*.h include/gpuguard.h | $(BUILD)/shim
 	$(CC) $(CFLAGS) -fvisibility=hidden -Iinclude $(CUDA_INC) $(DEP_CFLAGS) -c $< -o $@
 
 $(SHIM_LIB): $(SHIM_OBJ)
-	$(CC) -shared -o $@ $^ $(LDFLAGS) -Wl,-z,defs -Wl,--as-needed $(DEP_LIBS) -ldl -lpthread
-	@! readelf -d $@ | grep -Eq 'NEEDED.*lib(cudart|cuda)\.so' || \
-	  { echo "gpuguard: $@ must not need libcudart or libcuda" >&2; rm -f $@; exit 1; }
+	$(CC) -shared -o $@ $^ $(LDFLAGS) -Wl,-z,defs -Wl,-z,nodelete -Wl,--as-needed $(DEP_LIBS) \
+	  -ldl -lpthread
+	@! readelf -d $@ | grep -Eq 'NEEDED.*lib(cudart|cuda|unwind)\.so' || \
+	  { echo "gpuguard: $@ must not need libcudart, libcuda or libunwind" >&2; rm -f $@; exit 1; }
 
 $(CORE_LIB): $(CORE_OBJ)
 	rm -f $@ && ar rcs $@ $^

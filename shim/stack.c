@@ -48,9 +48,54 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #define TLS __thread __attribute__((tls_model("initial-exec")))
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
+
+/* ---- libunwind, loaded out of sight ------------------------------------- */
+
+/* Linked normally, libunwind's unversioned _Unwind_* would come before
+ * libgcc_s's in every program the shim is preloaded into (python3 does not
+ * link libgcc_s itself), and C++ unwinding would mix two unwinders: a
+ * pthread_exit through C++ frames crashes. So it is loaded RTLD_LOCAL on the
+ * first CUDA call, and its few functions are taken by their real names (the
+ * header's macros give them: unw_init_local2 is _ULx86_64_init_local2). */
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+static struct {
+    int (*backtrace)(void **, int);
+    int (*getcontext)(unw_context_t *);
+    int (*init_local2)(unw_cursor_t *, unw_context_t *, int);
+    int (*set_reg)(unw_cursor_t *, unw_regnum_t, unw_word_t);
+    int (*get_proc_name)(unw_cursor_t *, char *, size_t, unw_word_t *);
+} unw;
+static pthread_once_t unw_once = PTHREAD_ONCE_INIT;
+static bool unw_ok;
+
+static void unw_load(void)
+{
+    void *h = dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        h = dlopen("libunwind.so", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return;
+    *(void **)&unw.backtrace = dlsym(h, "unw_backtrace");
+    *(void **)&unw.getcontext = dlsym(h, STR(unw_tdep_getcontext));
+    *(void **)&unw.init_local2 = dlsym(h, STR(unw_init_local2));
+    *(void **)&unw.set_reg = dlsym(h, STR(unw_set_reg));
+    *(void **)&unw.get_proc_name = dlsym(h, STR(unw_get_proc_name));
+    unw_ok = unw.backtrace != NULL; /* the rest only names frames */
+}
+
+/* Is libunwind there? Loads it the first time. */
+static inline bool unw_ready(void)
+{
+    pthread_once(&unw_once, unw_load);
+    return unw_ok;
+}
 
 /* ---- bounds ------------------------------------------------------------ */
 
@@ -411,6 +456,8 @@ __attribute__((noinline)) gg_site gg_stack_capture(int dev, int depth)
         return GG_SITE_NONE;
     if (depth > GG_STACK_MAX_DEPTH)
         depth = GG_STACK_MAX_DEPTH;
+    if (unlikely(!unw_ready()))
+        return GG_SITE_NONE;
     t_busy = true;
     uintptr_t ra = (uintptr_t)__builtin_return_address(0);
     if (unlikely(!atomic_load_explicit(&g_self_state, memory_order_acquire)))
@@ -421,7 +468,7 @@ __attribute__((noinline)) gg_site gg_stack_capture(int dev, int depth)
     int n, first;
     for (;;) {
         int want = depth + extra;
-        n = unw_backtrace(buf, want);
+        n = unw.backtrace(buf, want);
         if (n < 0)
             n = 0;
         first = own_frames(buf, n, ra);
@@ -456,11 +503,11 @@ void gg_stack_warmup(void)
 {
     if (!atomic_load_explicit(&g_self_state, memory_order_acquire))
         self_find();
-    if (t_busy)
+    if (t_busy || !unw_ready())
         return;
     t_busy = true;
     void *buf[GG_STACK_MAX_DEPTH];
-    (void)unw_backtrace(buf, GG_STACK_MAX_DEPTH);
+    (void)unw.backtrace(buf, GG_STACK_MAX_DEPTH);
     t_busy = false;
 }
 
@@ -649,17 +696,16 @@ static bool unw_name(uintptr_t ip, char *buf, size_t cap, uint64_t *off)
 {
     unw_word_t o = 0;
     buf[0] = '\0';
-#if defined(unw_get_proc_name_by_ip)
-    int rc = unw_get_proc_name_by_ip(unw_local_addr_space, (unw_word_t)ip, buf, cap, &o, NULL);
-#else
-    /* This libunwind has no lookup by address: point a local cursor at it. */
+    if (!unw_ready() || !unw.getcontext || !unw.init_local2 || !unw.set_reg ||
+        !unw.get_proc_name)
+        return false;
+    /* No lookup by address in every libunwind: point a local cursor at it. */
     unw_context_t uc;
     unw_cursor_t c;
-    if (unw_getcontext(&uc) != 0 || unw_init_local2(&c, &uc, UNW_INIT_SIGNAL_FRAME) != 0 ||
-        unw_set_reg(&c, UNW_REG_IP, (unw_word_t)ip) != 0)
+    if (unw.getcontext(&uc) != 0 || unw.init_local2(&c, &uc, UNW_INIT_SIGNAL_FRAME) != 0 ||
+        unw.set_reg(&c, UNW_REG_IP, (unw_word_t)ip) != 0)
         return false;
-    int rc = unw_get_proc_name(&c, buf, cap, &o);
-#endif
+    int rc = unw.get_proc_name(&c, buf, cap, &o);
     if ((rc != 0 && rc != -UNW_ENOMEM) || buf[0] == '\0')
         return false;
     buf[cap - 1] = '\0';

@@ -177,6 +177,31 @@ class Lifecycle(Case):
         self.assertIn("GPU0 NVIDIA GeForce RTX 3090: peak 1.0 GiB (device 1.0 GiB) of 24.0 GiB", line)
         self.assertIn("journal ./gpuguard.script.", line)
 
+    def test_libunwind_stays_out_of_the_global_scope(self):
+        # Linked into the preloaded shim, libunwind's unversioned _Unwind_*
+        # would win over libgcc_s's for the whole process and C++ unwinding
+        # (pthread_exit through C++ frames) would crash. After the shim has
+        # started and captured stacks, the process-wide _Unwind_Resume must
+        # not come from libunwind.
+        code = (
+            "import ctypes, os\n"
+            f"lib = ctypes.CDLL(os.path.join({FAKE!r}, 'libtorchlike.so'))\n"
+            "p = ctypes.c_void_p()\n"
+            "lib.tl_malloc(ctypes.c_size_t(1 << 20), ctypes.byref(p))\n"
+            "libgcc = ctypes.CDLL('libgcc_s.so.1', mode=ctypes.RTLD_GLOBAL)\n"
+            "addr = ctypes.cast(ctypes.CDLL(None)._Unwind_Resume, ctypes.c_void_p).value\n"
+            "for line in open('/proc/self/maps'):\n"
+            "    lo, hi = (int(x, 16) for x in line.split()[0].split('-'))\n"
+            "    if lo <= addr < hi:\n"
+            "        print('from', line.split()[-1])\n"
+            "print('loaded', any('libunwind' in l for l in open('/proc/self/maps')))\n")
+        run = self.python(code, policy=None, GPUGUARD_HEADROOM="0", GPUGUARD_MODE="observe")
+        self.assertEqual(run.rc, 0, run.err)
+        self.assertIn("from ", run.out)
+        self.assertNotIn("libunwind", run.out.split("from ")[1].splitlines()[0])
+        self.assertIn("loaded True", run.out)  # it is loaded, privately
+        self.assertTrue(run.summary()["peak_stack"])
+
     def test_mode_off_is_invisible(self):
         run = self.script("alloc:1G", "freeall", GPUGUARD_MODE="off")
         self.assertEqual(run.files, [])
