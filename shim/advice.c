@@ -138,3 +138,8 @@ void gg_advice_set_batch(int batch_size, int grad_accum)
     told = true;
     gg_spin_unlock(&lock);
 }
+
+void gg_advice_after_fork(void)
+{
+    gg_spin_unlock(&lock);
+}

@@ -23,4 +23,7 @@ struct gpuguard_advice;
 int gg_advice_pending(struct gpuguard_advice *out);
 void gg_advice_ack(unsigned seq);
 void gg_advice_set_batch(int batch_size, int grad_accum);
+
+/* In a forked child: the lock may have been held by a parent thread. */
+void gg_advice_after_fork(void);
 #endif /* GG_ADVICE_H */

@@ -259,7 +259,10 @@ static uint64_t near_miss_count(gg_site site, int dev)
     return atomic_fetch_add_explicit(&nm_seen[i].count, 1, memory_order_relaxed) + 1;
 }
 
-static void sample(struct gg_device *d, int dev, uint64_t cur)
+/* A timeline point when the process's use moved by 1% of total. `read`:
+ * take a fresh device reading for it; not on the free path, where the real
+ * free has not happened yet and the reading would still hold the bytes. */
+static void sample(struct gg_device *d, int dev, uint64_t cur, bool read)
 {
     uint64_t step = d->total / 100;
     uint64_t last = atomic_load_explicit(&d->sample_current, memory_order_relaxed);
@@ -270,7 +273,7 @@ static void sample(struct gg_device *d, int dev, uint64_t cur)
     if (!atomic_compare_exchange_strong_explicit(&d->sample_current, &last, cur,
                                                  memory_order_relaxed, memory_order_relaxed))
         return;
-    uint64_t used = refresh(d, dev, false);
+    uint64_t used = read ? refresh(d, dev, false) : estimate(d, dev);
     atomic_store_explicit(&d->sample_used, used, memory_order_relaxed);
     char buf[256];
     struct gg_json j;
@@ -382,7 +385,7 @@ void gg_guard_allocated(struct gg_call *c, uintptr_t ptr)
         atomic_store_explicit(&d->peak_site, s, memory_order_relaxed);
         peak_snapshot(c->dev);
     }
-    sample(d, c->dev, cur);
+    sample(d, c->dev, cur, c->current);
 }
 
 void gg_guard_failed(struct gg_call *c, bool oom)
@@ -406,7 +409,7 @@ bool gg_guard_release(uintptr_t ptr, struct gg_alloc *out)
         gg_site_charge(out->site, -(int64_t)out->size, -1);
     struct gg_device *d = device(out->dev);
     if (d)
-        sample(d, out->dev, current_of(out->dev));
+        sample(d, out->dev, current_of(out->dev), false);
     return true;
 }
 

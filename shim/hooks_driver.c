@@ -125,6 +125,7 @@ static CUresult mem_alloc_managed(int v, CUdeviceptr *dptr, size_t bytes, unsign
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!begin(&c, GG_API_CU_MEM_ALLOC_MANAGED, bytes, v / 2, -1))
         return real(dptr, bytes, flags);
+    c.enforceable = false; /* managed memory may oversubscribe the device */
     if (!gg_guard_admit(&c)) {
         gg_leave();
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -184,8 +185,10 @@ static CUresult mem_create(int v, CUmemGenericAllocationHandle *h, size_t bytes,
     struct gg_call c;
     if (!real)
         return CUDA_ERROR_NOT_INITIALIZED;
-    int dev = prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : -1;
-    if (!begin(&c, GG_API_CU_MEM_CREATE, bytes, v / 2, dev))
+    /* Only device memory is the guard's: host and NUMA locations (NCCL's
+     * host buffers) pass through uncounted. */
+    if (!prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        !begin(&c, GG_API_CU_MEM_CREATE, bytes, v / 2, prop->location.id))
         return real(h, bytes, prop, flags);
     if (!gg_guard_admit(&c)) {
         gg_leave();
@@ -389,7 +392,8 @@ bool gg_hooks_driver_enabled(void)
     int e = atomic_load_explicit(&enabled, memory_order_relaxed);
     if (gg_unlikely(e < 0)) {
         const char *v = getenv("GPUGUARD_DRIVER_HOOKS");
-        e = !(v && (!strcmp(v, "0") || !strcmp(v, "no") || !strcmp(v, "off")));
+        e = !(v && (!strcmp(v, "0") || !strcmp(v, "no") || !strcmp(v, "off") ||
+                    !strcmp(v, "false")));
         atomic_store_explicit(&enabled, e, memory_order_relaxed);
     }
     return e;

@@ -74,6 +74,15 @@ static inline bool begin(struct gg_call *c, enum gg_api api, uint64_t bytes)
     return true;
 }
 
+/* A refusal looks like the runtime's own out-of-memory: no pointer. */
+static GG_COLD cudaError_t refuse(void **p)
+{
+    if (p)
+        *p = NULL;
+    gg_leave();
+    return cudaErrorMemoryAllocation;
+}
+
 static inline cudaError_t end(struct gg_call *c, cudaError_t r, void **p)
 {
     if (r == cudaSuccess)
@@ -119,10 +128,8 @@ GG_EXPORT cudaError_t CUDARTAPI cudaMalloc(void **devPtr, size_t size)
         return missing("cudaMalloc");
     if (!begin(&c, GG_API_CUDA_MALLOC, size))
         return real(devPtr, size);
-    if (!gg_guard_admit(&c)) {
-        gg_leave();
-        return cudaErrorMemoryAllocation;
-    }
+    if (!gg_guard_admit(&c))
+        return refuse(devPtr);
     return end(&c, real(devPtr, size), devPtr);
 }
 
@@ -135,10 +142,8 @@ static cudaError_t malloc_async(__typeof__(&cudaMallocAsync) real, const char *n
         return missing(name);
     if (!begin(&c, GG_API_CUDA_MALLOC_ASYNC, size))
         return real(devPtr, size, s);
-    if (!gg_guard_admit(&c)) {
-        gg_leave();
-        return cudaErrorMemoryAllocation;
-    }
+    if (!gg_guard_admit(&c))
+        return refuse(devPtr);
     return end(&c, real(devPtr, size, s), devPtr);
 }
 
@@ -160,10 +165,8 @@ static cudaError_t malloc_pool(__typeof__(&cudaMallocFromPoolAsync) real, const 
         return missing(name);
     if (!begin(&c, GG_API_CUDA_MALLOC_FROM_POOL, size))
         return real(p, size, pool, s);
-    if (!gg_guard_admit(&c)) {
-        gg_leave();
-        return cudaErrorMemoryAllocation;
-    }
+    if (!gg_guard_admit(&c))
+        return refuse(p);
     return end(&c, real(p, size, pool, s), p);
 }
 
@@ -188,10 +191,9 @@ GG_EXPORT cudaError_t CUDARTAPI cudaMallocManaged(void **devPtr, size_t size, un
         return missing("cudaMallocManaged");
     if (!begin(&c, GG_API_CUDA_MALLOC_MANAGED, size))
         return real(devPtr, size, flags);
-    if (!gg_guard_admit(&c)) {
-        gg_leave();
-        return cudaErrorMemoryAllocation;
-    }
+    c.enforceable = false; /* managed memory may oversubscribe the device */
+    if (!gg_guard_admit(&c))
+        return refuse(devPtr);
     return end(&c, real(devPtr, size, flags), devPtr);
 }
 
@@ -204,10 +206,8 @@ GG_EXPORT cudaError_t CUDARTAPI cudaMallocPitch(void **devPtr, size_t *pitch, si
         return missing("cudaMallocPitch");
     if (!begin(&c, GG_API_CUDA_MALLOC_PITCH, (uint64_t)width * height))
         return real(devPtr, pitch, width, height);
-    if (!gg_guard_admit(&c)) {
-        gg_leave();
-        return cudaErrorMemoryAllocation;
-    }
+    if (!gg_guard_admit(&c))
+        return refuse(devPtr);
     cudaError_t r = real(devPtr, pitch, width, height);
     if (r == cudaSuccess && pitch)
         c.bytes = (uint64_t)*pitch * height; /* what the device really gave */

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "gpuguard.h"
+#include "advice.h"
 #include "guard.h"
 #include "journal.h"
 #include "options.h"
@@ -27,8 +28,12 @@ static _Atomic bool finished;
 static void child_after_fork(void)
 {
     /* The child's CUDA state is not the parent's (CUDA does not survive
-     * fork), and the summary is the parent's to write. */
+     * fork), and the summary is the parent's to write. A lock another
+     * parent thread held at the fork stays held in the child: the child
+     * passes through and never takes the shim's locks again, but the C API
+     * can still be called, so its lock is made free. */
     atomic_store(&gg_state, GG_STATE_PASSTHROUGH);
+    gg_advice_after_fork();
     gg_journal_drop();
 }
 
@@ -109,7 +114,6 @@ static bool start(void)
     bool open = gg_journal_open(journal_dir(), gg_opt.rank);
     write_start();
     gg_journal_release(open);
-    pthread_atfork(NULL, NULL, child_after_fork);
     atexit(at_exit);
     return true;
 }
@@ -120,6 +124,9 @@ bool gg_enter_slow(void)
     if (s == GG_STATE_UNSTARTED) {
         int expected = GG_STATE_UNSTARTED;
         if (atomic_compare_exchange_strong(&gg_state, &expected, GG_STATE_STARTING)) {
+            /* Before anything else: a child forked while this thread starts
+             * must not wait for a start that will never finish there. */
+            pthread_atfork(NULL, NULL, child_after_fork);
             gg_depth = 1; /* whatever the start calls passes through */
             bool ok = start();
             atomic_store(&gg_state, ok ? GG_STATE_ACTIVE : GG_STATE_PASSTHROUGH);
@@ -189,26 +196,32 @@ static void write_summary(double duration)
         gg_json_arr(&j);
         struct gg_site_usage top[32];
         size_t n = gg_guard_peak_sites(i, top, 32);
-        uint64_t attributed = 0;
-        for (size_t k = 0; k < n; k++) {
+        uint64_t attributed = 0, peak = atomic_load(&c->peak);
+        for (size_t k = 0; k < n; k++)
+            attributed += top[k].bytes;
+        /* What no listed site holds (allocations made without a stack, or
+         * below the 32 largest) is one entry with an empty stack, in its
+         * place by size. */
+        uint64_t rest = peak > attributed ? peak - attributed : 0;
+        for (size_t k = 0; k <= n; k++) {
+            if (rest && (k == n || top[k].bytes < rest)) {
+                gg_json_obj(&j);
+                gg_json_key(&j, "stack");
+                gg_json_arr(&j);
+                gg_json_arr_end(&j);
+                gg_json_ku64(&j, "bytes", rest);
+                gg_json_key(&j, "allocs");
+                gg_json_null(&j);
+                gg_json_obj_end(&j);
+                rest = 0;
+            }
+            if (k == n)
+                break;
             gg_json_obj(&j);
             gg_json_key(&j, "stack");
             gg_stack_json(&j, top[k].site);
             gg_json_ku64(&j, "bytes", top[k].bytes);
             gg_json_ku64(&j, "allocs", top[k].allocs);
-            gg_json_obj_end(&j);
-            attributed += top[k].bytes;
-        }
-        uint64_t peak = atomic_load(&c->peak);
-        if (peak > attributed) {
-            /* Allocations made without a stack (stacks = near_miss or off). */
-            gg_json_obj(&j);
-            gg_json_key(&j, "stack");
-            gg_json_arr(&j);
-            gg_json_arr_end(&j);
-            gg_json_ku64(&j, "bytes", peak - attributed);
-            gg_json_key(&j, "allocs");
-            gg_json_null(&j);
             gg_json_obj_end(&j);
         }
         gg_json_arr_end(&j);

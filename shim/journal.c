@@ -23,8 +23,16 @@ double gg_journal_time(void)
 bool gg_journal_open(const char *dir, const char *rank)
 {
     start_ns = gg_now_ns();
-    char comm[32];
+    char comm[32], rk[32];
     gg_comm(comm, sizeof comm);
+    if (rank) {
+        /* RANK goes into a file name: digits only, as ranks are. */
+        size_t j = 0;
+        for (size_t i = 0; rank[i] && j + 1 < sizeof rk; i++)
+            rk[j++] = rank[i] >= '0' && rank[i] <= '9' ? rank[i] : '_';
+        rk[j] = '\0';
+        rank = rk;
+    }
     int n;
     if (rank)
         n = snprintf(journal_path, sizeof journal_path, "%s/gpuguard.%s.rank%s.%d.jsonl",

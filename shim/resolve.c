@@ -61,6 +61,7 @@ __asm__(".text\n"
         ".type dlsym,@function\n"
         "dlsym:\n"
         ".cfi_startproc\n"
+        "    endbr64\n" /* a landing pad under CET; a no-op elsewhere */
         "    pushq %rdi\n"
         ".cfi_adjust_cfa_offset 8\n"
         "    pushq %rsi\n"
@@ -118,11 +119,6 @@ bool gg_resolve_dlsym_hooked(void)
 
 /* ---- the runtime -------------------------------------------------------- */
 
-struct search {
-    const char *name;
-    void *found;
-};
-
 static bool basename_starts(const char *path, const char *prefix)
 {
     const char *base = strrchr(path, '/');
@@ -130,27 +126,39 @@ static bool basename_starts(const char *path, const char *prefix)
     return strncmp(base, prefix, strlen(prefix)) == 0;
 }
 
-static int search_runtime(struct dl_phdr_info *info, size_t size, void *ctx)
+/* The loaded runtimes' paths. The callback only copies: dl_iterate_phdr holds
+ * the loader's lock, and a dlopen inside it deadlocks against a dlopen in
+ * another thread. */
+#define MAX_RUNTIMES 8
+struct runtimes {
+    int n;
+    char path[MAX_RUNTIMES][512];
+};
+
+static int list_runtime(struct dl_phdr_info *info, size_t size, void *ctx)
 {
     (void)size;
-    struct search *s = ctx;
-    if (!info->dlpi_name || !basename_starts(info->dlpi_name, "libcudart.so"))
+    struct runtimes *r = ctx;
+    /* libcudart.so.12, and vendored copies such as libcudart-9335f6a2.so.13 */
+    if (!info->dlpi_name || !basename_starts(info->dlpi_name, "libcudart") ||
+        r->n == MAX_RUNTIMES || strlen(info->dlpi_name) >= sizeof r->path[0])
         return 0;
-    void *h = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
-    if (!h)
-        return 0;
-    /* The handle keeps the runtime loaded while the shim uses its functions. */
-    s->found = gg_real_dlsym(h, s->name);
-    return s->found != NULL;
+    strcpy(r->path[r->n++], info->dlpi_name);
+    return 0;
 }
 
 void *gg_resolve_runtime_slow(void *_Atomic *slot, const char *name)
 {
     void *p = gg_real_dlsym(RTLD_NEXT, name);
     if (!p) {
-        struct search s = {name, NULL};
-        dl_iterate_phdr(search_runtime, &s);
-        p = s.found;
+        struct runtimes r = {0};
+        dl_iterate_phdr(list_runtime, &r);
+        for (int i = 0; i < r.n && !p; i++) {
+            /* The handle keeps the runtime loaded while the shim uses it. */
+            void *h = dlopen(r.path[i], RTLD_LAZY | RTLD_NOLOAD);
+            if (h)
+                p = gg_real_dlsym(h, name);
+        }
     }
     if (p)
         atomic_store_explicit(slot, p, memory_order_release);

@@ -36,6 +36,26 @@ class Headroom(Case):
         self.assertEqual((refused["used"], refused["limit"], refused["total"]),
                          (22 * GiB, 22 * GiB, 24 * GiB))
 
+    def test_refusal_looks_like_the_runtime_oom(self):
+        plain = self.api("fill", "1G", preload=False, devices="NVIDIA GeForce RTX 3090,22GiB,8.6")
+        guarded = self.api("fill", "1G", policy=self.policy)
+        self.assertIn("fill: failed pointer NULL", plain.out)
+        self.assertIn("fill: failed pointer NULL", guarded.out)
+
+    def test_no_false_near_miss_after_a_free(self):
+        # the free path must not read the device before the real free
+        run = self.script("nccl:0:1M", "ncclfree", "alloc:10G", "alloc:8G", "sleep:5", "free:1",
+                          "nccl:0:3G", "ncclfree", "freeall", policy=self.policy)
+        self.assertEqual(run.of("near_miss"), [])
+        self.assertEqual(run.of("advice"), [])
+        self.assertEqual(run.summary()["peak_used"], 18 * GiB)
+
+    def test_managed_memory_is_counted_not_refused(self):
+        run = self.script("alloc:20G", "api:managed:3G", "freeall", policy=self.policy)
+        self.assertNotIn("error", run.out)
+        s = run.summary()
+        self.assertEqual((s["refusals"], s["peak"]), (0, 23 * GiB))
+
     def test_near_misses_before_the_line(self):
         # near_miss 5% of 24 GiB = 1.2 GiB: the zone starts below 3.2 GiB free
         run = self.api("fill", "1G", policy=self.policy)

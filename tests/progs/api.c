@@ -136,9 +136,14 @@ static int fill(unsigned long long size)
 {
     int n = 0;
     cudaError_t r = cudaSuccess;
-    while (n < MAXP && (r = fill_step(&ptrs[n], size)) == cudaSuccess)
-        n++;
+    for (; n < MAXP; n++) {
+        ptrs[n] = (void *)1; /* a failed call must leave NULL, as the runtime does */
+        if ((r = fill_step(&ptrs[n], size)) != cudaSuccess)
+            break;
+    }
     printf("fill: %d ok, then error %d\n", n, (int)r);
+    if (n < MAXP)
+        printf("fill: failed pointer %s\n", ptrs[n] ? "set" : "NULL");
     return n;
 }
 
