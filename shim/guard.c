@@ -274,7 +274,6 @@ static void sample(struct gg_device *d, int dev, uint64_t cur, bool read)
                                                  memory_order_relaxed, memory_order_relaxed))
         return;
     uint64_t used = read ? refresh(d, dev, false) : estimate(d, dev);
-    atomic_store_explicit(&d->sample_used, used, memory_order_relaxed);
     char buf[256];
     struct gg_json j;
     gg_journal_begin(&j, buf, sizeof buf, "sample");

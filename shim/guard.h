@@ -28,7 +28,6 @@ struct gg_device {
     _Atomic uint64_t peak_used;       /* most device-wide use seen */
     _Atomic uint64_t last_reading_ns;
     _Atomic uint64_t sample_current;  /* `current` at the last sample event */
-    _Atomic uint64_t sample_used;     /* `used` at the last sample event */
     _Atomic gg_site peak_site;        /* the allocation that set the peak */
 };
 

@@ -49,17 +49,11 @@ static inline void *real_of(enum entry e, int ptsz)
 
 /* ---- the hook bodies ----------------------------------------------------- */
 
-/* The device of a driver call, and whether it is the thread's current one. */
-static int ctx_device(void)
-{
-    return gg_guard_current_device();
-}
-
 static bool begin(struct gg_call *c, enum gg_api api, uint64_t bytes, int origin, int dev)
 {
     if (!bytes || !gg_enter())
         return false;
-    int cur = ctx_device();
+    int cur = gg_guard_current_device();
     c->dev = dev >= 0 ? dev : cur;
     c->current = c->dev == cur;
     c->api = api;
@@ -258,7 +252,7 @@ static CUresult mem_get_info(int v, size_t *free_b, size_t *total_b)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(free_b, total_b);
     if (r == CUDA_SUCCESS && gg_enter()) {
-        gg_guard_meminfo(ctx_device(), free_b, total_b);
+        gg_guard_meminfo(gg_guard_current_device(), free_b, total_b);
         gg_leave();
     }
     return r;

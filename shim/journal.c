@@ -56,11 +56,6 @@ bool gg_journal_open(const char *dir, const char *rank)
     return true;
 }
 
-bool gg_journal_is_open(void)
-{
-    return atomic_load_explicit(&journal_fd, memory_order_relaxed) >= 0;
-}
-
 const char *gg_journal_path(void)
 {
     return journal_path[0] ? journal_path : NULL;

@@ -14,7 +14,6 @@
 
 /* Open the journal; false (said once on stderr) when it cannot be. */
 bool gg_journal_open(const char *dir, const char *rank);
-bool gg_journal_is_open(void);
 const char *gg_journal_path(void);
 
 /* Close without writing (a forked child drops its parent's journal). */

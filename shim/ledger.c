@@ -228,18 +228,6 @@ bool gg_ledger_find(uintptr_t ptr, struct gg_alloc *out)
     return at >= 0;
 }
 
-void gg_ledger_each(void (*fn)(const struct gg_alloc *a, void *ctx), void *ctx)
-{
-    for (int k = 0; k < SHARDS; k++) {
-        struct shard *s = &shards[k];
-        gg_spin_lock(&s->lock);
-        for (uint32_t i = 0; i < s->cap; i++)
-            if (s->slot[i].ptr)
-                fn(&s->slot[i], ctx);
-        gg_spin_unlock(&s->lock);
-    }
-}
-
 uint64_t gg_ledger_footprint(void)
 {
     uint64_t bytes = sizeof shards;

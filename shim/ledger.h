@@ -75,10 +75,6 @@ uint64_t gg_ledger_frees(int dev);
 /* Look without changing anything. */
 bool gg_ledger_find(uintptr_t ptr, struct gg_alloc *out);
 
-/* Visit every live allocation (under each shard's lock in turn; fn must not
- * call back into the ledger). */
-void gg_ledger_each(void (*fn)(const struct gg_alloc *a, void *ctx), void *ctx);
-
 /* Bytes the table itself occupies. */
 uint64_t gg_ledger_footprint(void);
 

@@ -81,7 +81,6 @@ __asm__(".text\n"
         "1:  jmp *gg_real_dlsym_fn(%rip)\n"
         ".cfi_endproc\n"
         ".size dlsym, .-dlsym\n");
-#define HAVE_DLSYM_TRAMPOLINE 1
 #elif defined(__aarch64__)
 __asm__(".text\n"
         ".globl dlsym\n"
@@ -107,15 +106,9 @@ __asm__(".text\n"
         "    br x16\n"
         ".cfi_endproc\n"
         ".size dlsym, .-dlsym\n");
-#define HAVE_DLSYM_TRAMPOLINE 1
 #else
-#define HAVE_DLSYM_TRAMPOLINE 0 /* driver lookups are not intercepted here */
+/* No trampoline: driver lookups are not intercepted on this platform. */
 #endif
-
-bool gg_resolve_dlsym_hooked(void)
-{
-    return HAVE_DLSYM_TRAMPOLINE;
-}
 
 /* ---- the runtime -------------------------------------------------------- */
 

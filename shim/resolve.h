@@ -39,7 +39,4 @@ bool gg_resolve_in_driver(const void *ip);
 /* Whether ip lies inside the shim itself. */
 bool gg_resolve_in_self(const void *ip);
 
-/* Is the dlsym override in force on this platform? */
-bool gg_resolve_dlsym_hooked(void);
-
 #endif /* GG_RESOLVE_H */
