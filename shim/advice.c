@@ -22,6 +22,9 @@ static unsigned seq;
 static struct gpuguard_advice pending;
 static bool has_pending;
 static bool disarmed;             /* a zone entry advised; waiting for the ack */
+/* Sequentially consistent against the shim's state, so a registration that
+ * races the start is seen by one side or the other. */
+static _Atomic bool registered;
 
 /* Does the process handle sig? Python's default for SIGUSR2 is to die. */
 static bool handled(int sig)
@@ -137,6 +140,12 @@ void gg_advice_set_batch(int batch_size, int grad_accum)
     accum = grad_accum;
     told = true;
     gg_spin_unlock(&lock);
+    atomic_store(&registered, true);
+}
+
+bool gg_advice_registered(void)
+{
+    return atomic_load(&registered);
 }
 
 void gg_advice_after_fork(void)

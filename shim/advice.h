@@ -24,6 +24,9 @@ int gg_advice_pending(struct gpuguard_advice *out);
 void gg_advice_ack(unsigned seq);
 void gg_advice_set_batch(int batch_size, int grad_accum);
 
+/* A trainer has told its batch (gpuguard_set_batch) at least once. */
+bool gg_advice_registered(void);
+
 /* In a forked child: the lock may have been held by a parent thread. */
 void gg_advice_after_fork(void);
 #endif /* GG_ADVICE_H */

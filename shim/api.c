@@ -46,6 +46,8 @@ GG_EXPORT void gpuguard_ack(unsigned seq)
 GG_EXPORT void gpuguard_set_batch(int batch_size, int grad_accum)
 {
     gg_advice_set_batch(batch_size, grad_accum);
+    if (gg_active())
+        gg_guard_trainer_registered();
 }
 
 GG_EXPORT void gpuguard_note(const char *text)

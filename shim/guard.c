@@ -94,10 +94,11 @@ static void init_device(int i)
     d->limit = gg_policy_limit(&d->policy, total, report_policy, &problems);
     d->near = gg_policy_near_miss(&d->policy, total);
     d->mode = d->policy.mode;
-    if (problems && d->mode == GG_MODE_ENFORCE) {
+    if (problems && (d->mode == GG_MODE_ENFORCE || d->mode == GG_MODE_AUTO)) {
         d->mode = GG_MODE_OBSERVE;
         gg_journal_error("GPU%d: policy problems above; observing only, nothing will be refused", i);
     }
+    atomic_store(&d->enforcing, d->mode == GG_MODE_ENFORCE);
     d->present = true;
 }
 
@@ -328,7 +329,7 @@ bool gg_guard_admit(struct gg_call *c)
         return true;
     if (want_stack(d, false))
         c->site = capture(d, c->dev);
-    if (d->mode != GG_MODE_ENFORCE ||
+    if (!atomic_load_explicit(&d->enforcing, memory_order_relaxed) ||
         !(c->enforceable || d->policy.enforce == GG_ENFORCE_ALL))
         return true;
     uint64_t after = estimate(d, c->dev) + c->bytes;
@@ -422,11 +423,32 @@ void gg_guard_unrelease(const struct gg_alloc *a)
 void gg_guard_meminfo(int dev, size_t *free_b, size_t *total_b)
 {
     struct gg_device *d = device(dev);
-    if (!d || d->mode == GG_MODE_OFF || !d->policy.virtualize_meminfo || !free_b || !total_b)
+    /* Only an enforcing device moves the line: observe changes nothing the
+     * process sees. */
+    if (!d || !atomic_load_explicit(&d->enforcing, memory_order_relaxed) ||
+        !d->policy.virtualize_meminfo || !free_b || !total_b)
         return;
     if (*total_b < *free_b)
         return;
     uint64_t used = *total_b - *free_b;
     *total_b = d->limit;
     *free_b = d->limit > used ? d->limit - used : 0;
+}
+
+void gg_guard_trainer_registered(void)
+{
+    for (int i = 0; i < gg_device_count; i++) {
+        struct gg_device *d = device(i);
+        bool no = false;
+        if (!d || d->mode != GG_MODE_AUTO ||
+            !atomic_compare_exchange_strong(&d->enforcing, &no, true))
+            continue;
+        char buf[256];
+        struct gg_json j;
+        gg_journal_begin(&j, buf, sizeof buf, "mode");
+        gg_json_ki64(&j, "dev", i);
+        gg_json_kstr(&j, "mode", "enforce");
+        gg_json_kstr(&j, "why", "trainer registered");
+        gg_journal_end(&j);
+    }
 }

@@ -23,7 +23,9 @@ struct gg_device {
     struct gg_policy policy;
     uint64_t limit;            /* total - headroom */
     uint64_t near;             /* the near-miss margin in bytes */
-    enum gg_mode mode;         /* after a broken policy: observe */
+    enum gg_mode mode;         /* as configured; after a broken policy: observe */
+    _Atomic bool enforcing;    /* refuses and virtualizes now: enforce, or auto once a
+                                  trainer registered */
     _Atomic int64_t used_offset;      /* device-wide use minus this process's, at the last reading */
     _Atomic uint64_t peak_used;       /* most device-wide use seen */
     _Atomic uint64_t last_reading_ns;
@@ -73,6 +75,10 @@ void gg_guard_meminfo(int dev, size_t *free_b, size_t *total_b);
 
 /* The sites that held device dev's memory at its peak, largest first. */
 size_t gg_guard_peak_sites(int dev, struct gg_site_usage *out, size_t max);
+
+/* A trainer registered (gpuguard_set_batch): every device in mode auto
+ * enforces from now on, each switch journaled as a `mode` event. */
+void gg_guard_trainer_registered(void);
 
 /* The device of the calling thread (runtime or driver), -1 when unknown. */
 int gg_guard_current_device(void);

@@ -63,7 +63,7 @@ static void write_start(void)
         gg_json_null(&j);
     gg_json_kstr(&j, "version", GPUGUARD_VERSION);
     gg_json_kstr(&j, "mode", gg_device_count ? gg_mode_name(gg_devices[0].mode)
-                                             : (gg_opt.mode ? gg_opt.mode : "enforce"));
+                                             : (gg_opt.mode ? gg_opt.mode : "auto"));
     gg_json_key(&j, "devices");
     gg_json_arr(&j);
     for (int i = 0; i < gg_device_count; i++) {
@@ -132,6 +132,8 @@ bool gg_enter_slow(void)
             atomic_store(&gg_state, ok ? GG_STATE_ACTIVE : GG_STATE_PASSTHROUGH);
             if (!ok)
                 gg_depth = 0;
+            else if (gg_advice_registered())
+                gg_guard_trainer_registered(); /* told before the first CUDA call */
             return ok;
         }
         s = expected;

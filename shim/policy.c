@@ -132,7 +132,8 @@ struct gg_name {
 #define GG_COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 static const struct gg_name gg_modes[] = {
-    { "enforce", GG_MODE_ENFORCE }, { "observe", GG_MODE_OBSERVE }, { "off", GG_MODE_OFF },
+    { "auto", GG_MODE_AUTO }, { "enforce", GG_MODE_ENFORCE }, { "observe", GG_MODE_OBSERVE },
+    { "off", GG_MODE_OFF },
 };
 static const struct gg_name gg_enforces[] = {
     { "runtime", GG_ENFORCE_RUNTIME }, { "all", GG_ENFORCE_ALL },
@@ -505,7 +506,7 @@ void gg_policy_defaults(struct gg_policy *p)
     p->headroom.bytes = 0;
     p->near_miss.is_percent = true;
     p->near_miss.percent = 5.0;
-    p->mode = GG_MODE_ENFORCE;
+    p->mode = GG_MODE_AUTO;
     p->enforce = GG_ENFORCE_RUNTIME;
     p->virtualize_meminfo = true;
     p->signal = SIGUSR2;
@@ -1203,7 +1204,7 @@ static void gg_env_mode(struct gg_policy *p, const char *v, struct gg_sink *sink
         p->mode = (enum gg_mode)mode;
     else
         gg_problem(sink, "GPUGUARD_MODE", 0,
-                   "bad value '" GG_SHOW "' (expected enforce, observe or off)", v);
+                   "bad value '" GG_SHOW "' (expected auto, enforce, observe or off)", v);
 }
 
 static void gg_env_headroom(struct gg_policy *p, const char *v, struct gg_sink *sink)

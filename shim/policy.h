@@ -23,7 +23,8 @@
 #define GG_PATH_MAX 1024
 #define GG_MATCH_MAX 512
 
-enum gg_mode { GG_MODE_OFF = 0, GG_MODE_OBSERVE = 1, GG_MODE_ENFORCE = 2 };
+/* auto: observe until a trainer registers (gpuguard_set_batch), then enforce. */
+enum gg_mode { GG_MODE_OFF = 0, GG_MODE_OBSERVE = 1, GG_MODE_ENFORCE = 2, GG_MODE_AUTO = 3 };
 enum gg_enforce { GG_ENFORCE_RUNTIME = 0, GG_ENFORCE_ALL = 1 };
 enum gg_stacks { GG_STACKS_OFF = 0, GG_STACKS_NEAR_MISS = 1, GG_STACKS_ALL = 2 };
 
@@ -39,7 +40,7 @@ struct gg_policy {
     char match[GG_MATCH_MAX];      /* [gpu] match, comma-separated globs */
     struct gg_size headroom;       /* [memory] headroom; default 0 */
     struct gg_size near_miss;      /* [memory] near_miss; default 5% */
-    enum gg_mode mode;             /* default enforce */
+    enum gg_mode mode;             /* default auto */
     enum gg_enforce enforce;       /* default runtime */
     bool virtualize_meminfo;       /* default yes */
     int signal;                    /* [trainer] signal; 0 = none; default SIGUSR2 */

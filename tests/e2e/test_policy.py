@@ -81,9 +81,9 @@ class Headroom(Case):
         self.assertIn(f"meminfo free={17 * GiB} total={22 * GiB}", run.out)
 
     def test_meminfo_never_wraps(self):
-        # over the line (observe lets it), free reads 0, never a huge number
-        run = self.script("alloc:23G", "meminfo", "freeall", policy=self.policy,
-                          GPUGUARD_MODE="observe")
+        # over the line (managed memory is never refused), free reads 0,
+        # never a huge number
+        run = self.script("api:managed:23G", "meminfo", "freeall", policy=self.policy)
         self.assertIn(f"meminfo free=0 total={22 * GiB}", run.out)
 
     def test_meminfo_not_virtualized_when_off(self):

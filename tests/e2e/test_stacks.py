@@ -8,6 +8,7 @@ match = NVIDIA GeForce RTX 3090*
 [memory]
 headroom = 2 GiB
 near_miss = 5%
+mode = enforce
 [journal]
 stacks = {stacks}
 depth = {depth}

@@ -305,7 +305,7 @@ static void test_defaults(void)
     CHECK_EQ_U64(p.headroom.bytes, 0);
     CHECK(p.near_miss.is_percent);
     CHECK(p.near_miss.percent == 5.0);
-    CHECK(p.mode == GG_MODE_ENFORCE);
+    CHECK(p.mode == GG_MODE_AUTO);
     CHECK(p.enforce == GG_ENFORCE_RUNTIME);
     CHECK(p.virtualize_meminfo);
     CHECK(p.signal == SIGUSR2);
@@ -403,7 +403,8 @@ static void test_enum_values(void)
         int expect; /* what the field becomes */
     } cases[] = {
         { "mode", "enforce", GG_MODE_ENFORCE },    { "mode", "observe", GG_MODE_OBSERVE },
-        { "mode", "off", GG_MODE_OFF },            { "enforce", "runtime", GG_ENFORCE_RUNTIME },
+        { "mode", "off", GG_MODE_OFF },            { "mode", "auto", GG_MODE_AUTO },
+        { "enforce", "runtime", GG_ENFORCE_RUNTIME },
         { "enforce", "all", GG_ENFORCE_ALL },      { "virtualize_meminfo", "yes", 1 },
         { "virtualize_meminfo", "no", 0 },         { "virtualize_meminfo", "true", 1 },
         { "virtualize_meminfo", "false", 0 },      { "virtualize_meminfo", "1", 1 },
@@ -512,6 +513,7 @@ static void test_names(void)
     CHECK_STR(gg_mode_name(GG_MODE_ENFORCE), "enforce");
     CHECK_STR(gg_mode_name(GG_MODE_OBSERVE), "observe");
     CHECK_STR(gg_mode_name(GG_MODE_OFF), "off");
+    CHECK_STR(gg_mode_name(GG_MODE_AUTO), "auto");
     CHECK_STR(gg_enforce_name(GG_ENFORCE_RUNTIME), "runtime");
     CHECK_STR(gg_enforce_name(GG_ENFORCE_ALL), "all");
     CHECK_STR(gg_stacks_name(GG_STACKS_NEAR_MISS), "near_miss");
@@ -570,8 +572,8 @@ static void test_problems_have_lines(void)
     CHECK_REPORTED(&rs, path, 7, "unknown key 'headrom' in [memory] (known: headroom, near_miss");
     CHECK_REPORTED(&rs, path, 8, "[memory] headroom = '1.5 gib': malformed size: unknown unit");
     CHECK_REPORTED(&rs, path, 9, "[memory] near_miss = '150%': percentage over 100");
-    CHECK_REPORTED(&rs, path, 10, "[memory] mode = 'enforcing': bad value (expected enforce, "
-                                  "observe or off)");
+    CHECK_REPORTED(&rs, path, 10, "[memory] mode = 'enforcing': bad value (expected auto, "
+                                  "enforce, observe or off)");
     CHECK_REPORTED(&rs, path, 11, "[memory] enforce = 'some': bad value (expected runtime or all)");
     CHECK_REPORTED(&rs, path, 12, "[memory] virtualize_meminfo = 'maybe': bad value (expected "
                                   "yes, no, true, false, 1, 0, on or off)");
@@ -593,7 +595,7 @@ static void test_problems_have_lines(void)
     CHECK_STR(p.match, "A*");
     CHECK_EQ_U64(p.headroom.bytes, 0);
     CHECK(p.near_miss.is_percent && p.near_miss.percent == 5.0);
-    CHECK(p.mode == GG_MODE_ENFORCE);
+    CHECK(p.mode == GG_MODE_AUTO);
     CHECK(p.signal == SIGUSR2);
     CHECK(p.depth == 32);
 }
@@ -625,7 +627,7 @@ static void test_exact_messages(void)
     CHECK(p.broken);
 
     load_text("m.ini", "[memory]\nmode = loud\n", &p, &rs, path, sizeof path);
-    CHECK_STR(rs.r[0].msg, "[memory] mode = 'loud': bad value (expected enforce, observe or off)");
+    CHECK_STR(rs.r[0].msg, "[memory] mode = 'loud': bad value (expected auto, enforce, observe or off)");
 
     load_text("m.ini", "[memory]\nheadroom\n", &p, &rs, path, sizeof path);
     CHECK_STR(rs.r[0].msg,
@@ -684,7 +686,7 @@ static void test_edge_lines(void)
         memset(&rs, 0, sizeof rs);
         CHECK(gg_policy_load(path, &p, collect, &rs) == 1);
         CHECK_REPORTED(&rs, path, 2, "line contains a NUL byte");
-        CHECK(p.mode == GG_MODE_ENFORCE);
+        CHECK(p.mode == GG_MODE_AUTO);
         CHECK(p.near_miss.percent == 1.0);
     }
 
@@ -709,7 +711,7 @@ static void test_missing_and_unreadable(void)
     CHECK(gg_policy_load(path, &p, collect, &rs) == 1);
     CHECK_REPORTED(&rs, path, 0, "cannot open policy file: No such file or directory");
     CHECK(p.broken);
-    CHECK(p.mode == GG_MODE_ENFORCE); /* the defaults, and the file named */
+    CHECK(p.mode == GG_MODE_AUTO); /* the defaults, and the file named */
     CHECK_STR(p.file, path);
 
     memset(&rs, 0, sizeof rs);
@@ -864,7 +866,7 @@ static void test_select_fallbacks(void)
     memset(&rs, 0, sizeof rs);
     CHECK(gg_policy_select(dir, "Y", &p, collect, &rs) == 0);
     CHECK_STR(p.file, "");
-    CHECK(p.mode == GG_MODE_ENFORCE);
+    CHECK(p.mode == GG_MODE_AUTO);
     CHECK(!p.broken);
 
     /* an empty directory */
@@ -895,7 +897,7 @@ static void test_select_fallbacks(void)
     CHECK_REPORTED(&rs, path, 0, "cannot open policy file or directory: No such file");
     CHECK(p.broken);
     CHECK_STR(p.file, "");
-    CHECK(p.mode == GG_MODE_ENFORCE);
+    CHECK(p.mode == GG_MODE_AUTO);
 }
 
 static void test_select_problems(void)
@@ -1013,11 +1015,11 @@ static void test_env_bad_values(void)
     CHECK(gg_policy_apply_env(&p, &env, collect, &rs) == 3);
     CHECK(p.broken);
     CHECK_REPORTED(&rs, "GPUGUARD_MODE", 0,
-                   "bad value 'loud' (expected enforce, observe or off)");
+                   "bad value 'loud' (expected auto, enforce, observe or off)");
     CHECK_REPORTED(&rs, "GPUGUARD_HEADROOM", 0, "'-1 GiB': negative size");
     CHECK_REPORTED(&rs, "GPUGUARD_SIGNAL", 0, "'SIGFOO': bad value (expected a signal name");
     /* the policy keeps what it had */
-    CHECK(p.mode == GG_MODE_ENFORCE);
+    CHECK(p.mode == GG_MODE_AUTO);
     CHECK_EQ_U64(p.headroom.bytes, 0);
     CHECK(!p.headroom_from_env);
     CHECK(p.signal == SIGUSR2);

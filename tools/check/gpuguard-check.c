@@ -434,6 +434,10 @@ static void gg_print_gpu(const struct gg_gpu *g, const struct gg_policy *p, uint
     if (p->broken)
         printf("  mode      observe: the policy has problems (it says %s)\n",
                gg_mode_name(p->mode));
+    else if (p->mode == GG_MODE_AUTO)
+        printf("  mode      auto: observe until a trainer registers, then enforce "
+               "(enforce = %s, virtualize_meminfo = %s)\n",
+               gg_enforce_name(p->enforce), p->virtualize_meminfo ? "yes" : "no");
     else
         printf("  mode      %s (enforce = %s, virtualize_meminfo = %s)\n", gg_mode_name(p->mode),
                gg_enforce_name(p->enforce), p->virtualize_meminfo ? "yes" : "no");
