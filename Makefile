@@ -34,12 +34,16 @@ DEP_CFLAGS := $(shell pkg-config --cflags libunwind inih 2>/dev/null)
 DEP_LIBS   := $(shell pkg-config --libs inih 2>/dev/null)
 LDFLAGS   := $(SANFLAGS)
 
-# The shim: hidden by default; only the hooks and the gpuguard_* API export.
+# The shim: hidden by default; only the runtime hooks (gpuguard.map), dlsym
+# and the gpuguard_* API export. Its modules sit in layers (shim/LAYERS).
 SHIM_SRC  := $(sort $(wildcard shim/*.c))
 SHIM_OBJ  := $(patsubst shim/%.c,$(BUILD)/shim/%.o,$(SHIM_SRC))
 SHIM_LIB  := $(BUILD)/libgpuguard.so
-# Everything but the exported entry points, for unit tests and tools.
-CORE_OBJ  := $(filter-out $(BUILD)/shim/hooks_runtime.o $(BUILD)/shim/api.o,$(SHIM_OBJ))
+SHIM_MAP  := shim/gpuguard.map
+# The interposer: what exports CUDA names or overrides dlsym (layer 6, and
+# the trampoline). Everything else is the core, for unit tests and tools.
+INTERPOSER := hook_runtime hook_driver lookup api trampoline
+CORE_OBJ  := $(filter-out $(patsubst %,$(BUILD)/shim/%.o,$(INTERPOSER)),$(SHIM_OBJ))
 CORE_LIB  := $(BUILD)/libggcore.a
 
 .PHONY: all deps test test-unit test-e2e test-tsan test-gpu demo bench install clean check-deps
@@ -53,14 +57,15 @@ check-deps:
 deps:
 	@sh tools/deps.sh install "$(CUDA_HOME)"
 
-$(BUILD)/shim/%.o: shim/%.c shim/*.h include/gpuguard.h | $(BUILD)/shim
-	$(CC) $(CFLAGS) -fvisibility=hidden -Iinclude $(CUDA_INC) $(DEP_CFLAGS) -c $< -o $@
+$(BUILD)/shim/%.o: shim/%.c shim/*.h shim/*.def include/gpuguard.h | $(BUILD)/shim
+	$(CC) $(CFLAGS) -fvisibility=hidden -DGPUGUARD_SHIM -Iinclude $(CUDA_INC) $(DEP_CFLAGS) -c $< -o $@
 
-$(SHIM_LIB): $(SHIM_OBJ)
-	$(CC) -shared -o $@ $^ $(LDFLAGS) -Wl,-z,defs -Wl,-z,nodelete -Wl,--as-needed $(DEP_LIBS) \
-	  -ldl -lpthread
+$(SHIM_LIB): $(SHIM_OBJ) $(SHIM_MAP) shim/LAYERS tools/layers.py
+	$(CC) -shared -o $@ $(SHIM_OBJ) $(LDFLAGS) -Wl,-z,defs -Wl,-z,nodelete -Wl,--as-needed \
+	  -Wl,--version-script=$(SHIM_MAP) $(DEP_LIBS) -ldl -lpthread
 	@! readelf -d $@ | grep -Eq 'NEEDED.*lib(cudart|cuda|unwind)\.so' || \
 	  { echo "gpuguard: $@ must not need libcudart, libcuda or libunwind" >&2; rm -f $@; exit 1; }
+	@$(PYTHON) tools/layers.py shim/LAYERS $(SHIM_OBJ) || { rm -f $@; exit 1; }
 
 $(CORE_LIB): $(CORE_OBJ)
 	rm -f $@ && ar rcs $@ $^

@@ -1,11 +1,15 @@
-/* advice.h - telling the trainer to shrink before the OOM (DESIGN.md
- * section 1, "Advice protocol").
+/* advice.h - layer 4: telling the trainer to shrink before the OOM
+ * (DESIGN.md section 1, "Advice protocol").
  *
  * On a near-miss zone entry (once per acknowledgement), on every refusal and
- * every OOM, the guard advises: batch -> max(min_batch_size, batch / 2),
- * accumulation raised so batch x accumulation never falls. The advice is
- * journaled, kept for gpuguard_advice(), and the policy's signal is sent to
- * the process only when it has a handler installed for it.
+ * every OOM, advise: batch -> max(min_batch_size, batch / 2), accumulation
+ * raised so batch x accumulation never falls. The caller journals the
+ * advice, then sends the signal, which goes only to a process that handles
+ * it. The trainer's side (the C API) reads, acknowledges and registers.
+ *
+ * One short lock guards the state; every path that holds it blocks signals,
+ * so a signal handler that calls the C API on the same thread never waits
+ * for its own thread.
  */
 #ifndef GG_ADVICE_H
 #define GG_ADVICE_H
@@ -14,19 +18,38 @@
 
 enum gg_reason { GG_REASON_NEAR_MISS, GG_REASON_REFUSED, GG_REASON_OOM };
 
-/* Called by the guard (any thread, no locks held). */
-void gg_advice_raise(int dev, enum gg_reason why);
+/* What the device's policy says of the trainer. */
+struct gg_trainer_policy {
+    int batch_size, grad_accum, min_batch_size; /* 0: not given */
+    int signal;                                  /* 0: none */
+};
 
+/* One advice, as the C API hands it out (struct gpuguard_advice's fields). */
+struct gg_advice {
+    unsigned seq;
+    int dev, batch_size, grad_accum;
+    char reason[32];
+};
 
-/* The C API's side (api.c exports them). */
-struct gpuguard_advice;
-int gg_advice_pending(struct gpuguard_advice *out);
+/* Raise an advice for device dev (any thread). True when one was made
+ * (*out filled); false for a zone entry while the last one waits for its
+ * ack. */
+bool gg_advice_raise(int dev, enum gg_reason why, const struct gg_trainer_policy *p,
+                     struct gg_advice *out);
+
+/* Does the process handle sig? (Python's default for SIGUSR2 is to die.) */
+bool gg_advice_handled(int sig);
+/* Send sig to the process. */
+void gg_advice_signal(int sig);
+
+/* The C API's side. */
+bool gg_advice_pending(struct gg_advice *out);
 void gg_advice_ack(unsigned seq);
 void gg_advice_set_batch(int batch_size, int grad_accum);
-
 /* A trainer has told its batch (gpuguard_set_batch) at least once. */
 bool gg_advice_registered(void);
 
-/* In a forked child: the lock may have been held by a parent thread. */
+/* The fork story (life.c). */
 void gg_advice_after_fork(void);
+
 #endif /* GG_ADVICE_H */

@@ -1,41 +1,54 @@
-/* api.c - the exported C API (include/gpuguard.h). */
+/* api.c - layer 6: the exported C API (include/gpuguard.h). */
+#include <stdio.h>
 #include <string.h>
 
 #include "advice.h"
+#include "device.h"
+#include "events.h"
+#include "gate.h"
 #include "gpuguard.h"
-#include "guard.h"
-#include "init.h"
-#include "journal.h"
-#include "os.h"
+#include "ledger.h"
+#include "prim.h"
+
+_Static_assert(sizeof(struct gpuguard_advice) == sizeof(struct gg_advice),
+               "struct gg_advice mirrors struct gpuguard_advice");
 
 GG_EXPORT int gpuguard_stats(int dev, struct gpuguard_stats *out)
 {
-    int s = atomic_load(&gg_state);
-    if (!out || (s != GG_STATE_ACTIVE) || dev < 0 || dev >= gg_device_count ||
-        !gg_devices[dev].present)
+    struct gg_device *d = gg_active() ? gg_device(dev) : NULL;
+    if (!out || !d)
         return -1;
-    const struct gg_device *d = &gg_devices[dev];
-    struct gg_counters *c = &gg_ledger_counters[dev];
     memset(out, 0, sizeof *out);
     out->dev = dev;
-    strncpy(out->name, d->name, sizeof out->name - 1);
+    snprintf(out->name, sizeof out->name, "%s", d->name);
     out->total = d->total;
     out->limit = d->limit;
-    out->used = gg_guard_used(dev);
-    out->current = atomic_load(&c->current);
-    out->peak = atomic_load(&c->peak);
+    out->used = gg_device_estimate(d);
+    out->current = atomic_load(&d->current);
+    out->peak = atomic_load(&d->peak);
     out->peak_used = atomic_load(&d->peak_used);
     out->allocs = gg_ledger_allocs(dev);
     out->frees = gg_ledger_frees(dev);
-    out->near_misses = atomic_load(&c->near_misses);
-    out->refusals = atomic_load(&c->refusals);
-    out->ooms = atomic_load(&c->ooms);
+    out->near_misses = atomic_load(&d->near_misses);
+    out->refusals = atomic_load(&d->refusals);
+    out->ooms = atomic_load(&d->ooms);
     return 0;
 }
 
 GG_EXPORT int gpuguard_advice(struct gpuguard_advice *out)
 {
-    return gg_active() ? gg_advice_pending(out) : 0;
+    struct gg_advice a;
+    if (!gg_active() || !gg_advice_pending(&a))
+        return 0;
+    if (out) {
+        memset(out, 0, sizeof *out);
+        out->seq = a.seq;
+        out->dev = a.dev;
+        out->batch_size = a.batch_size;
+        out->grad_accum = a.grad_accum;
+        memcpy(out->reason, a.reason, sizeof out->reason);
+    }
+    return 1;
 }
 
 GG_EXPORT void gpuguard_ack(unsigned seq)
@@ -46,17 +59,11 @@ GG_EXPORT void gpuguard_ack(unsigned seq)
 GG_EXPORT void gpuguard_set_batch(int batch_size, int grad_accum)
 {
     gg_advice_set_batch(batch_size, grad_accum);
-    if (gg_active())
-        gg_guard_trainer_registered();
+    gg_life_registered();
 }
 
 GG_EXPORT void gpuguard_note(const char *text)
 {
-    if (!text || !gg_active())
-        return;
-    char buf[4096];
-    struct gg_json j;
-    gg_journal_begin(&j, buf, sizeof buf, "note");
-    gg_json_kstr(&j, "text", text);
-    gg_journal_end(&j);
+    if (text && gg_active())
+        gg_events_note(text);
 }

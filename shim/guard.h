@@ -1,86 +1,100 @@
-/* guard.h - the decisions: per device, what may be allocated, what is a
- * near miss, what gets journaled (DESIGN.md sections 1, 2.3, 2.4).
+/* guard.h - layer 4: the decisions (DESIGN.md sections 2.2-2.4).
  *
- * The hooks describe each call in a gg_call and ask the guard before and
- * tell it after. Far from the headroom line the guard works from a cheap
- * estimate of the device's use (the last cudaMemGetInfo reading plus what
- * this process did since); near it, it takes a fresh reading.
+ * The hooks describe each call in a gg_call, ask the guard before and tell
+ * it after. The guard decides and accounts (ledger, device counters, sites,
+ * the peak) and says what happened in a gg_verdict; it writes nothing and
+ * advises no one: turning a verdict into journal lines and advice is
+ * react.h's job. Far from the headroom line the guard works from the
+ * device's estimate; a reading is taken only where it changes the answer.
  */
 #ifndef GG_GUARD_H
 #define GG_GUARD_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ledger.h"
-#include "policy.h"
+#include "sites.h"
 
-struct gg_device {
-    bool present;
-    char name[256];
-    uint64_t total;
-    int cc_major, cc_minor;
-    struct gg_policy policy;
-    uint64_t limit;            /* total - headroom */
-    uint64_t near;             /* the near-miss margin in bytes */
-    enum gg_mode mode;         /* as configured; after a broken policy: observe */
-    _Atomic bool enforcing;    /* refuses and virtualizes now: enforce, or auto once a
-                                  trainer registered */
-    _Atomic int64_t used_offset;      /* device-wide use minus this process's, at the last reading */
-    _Atomic uint64_t peak_used;       /* most device-wide use seen */
-    _Atomic uint64_t last_reading_ns;
-    _Atomic uint64_t sample_current;  /* `current` at the last sample event */
-    _Atomic gg_site peak_site;        /* the allocation that set the peak */
+/* May a call be refused (DESIGN.md section 2.3)? */
+enum gg_refusable {
+    GG_REFUSABLE_NEVER,     /* managed memory: it may oversubscribe the device */
+    GG_REFUSABLE_UNDER_ALL, /* only when the policy says enforce = all */
+    GG_REFUSABLE,           /* its caller turns a refusal into a clean OOM */
 };
-
-extern struct gg_device gg_devices[GG_MAX_DEVICES];
-extern int gg_device_count;
 
 /* One intercepted allocation. */
 struct gg_call {
     int dev;
-    enum gg_api api;
+    uint8_t api;          /* the hook's id (kept in the ledger) */
+    uint8_t refusable;    /* enum gg_refusable */
+    const char *api_name; /* the function's name, for the journal */
+    bool runtime;        /* a runtime call: a first reading may retain the primary context */
     uint64_t bytes;
-    bool enforceable;  /* may be refused: runtime API or entry points (2.3) */
-    bool current;      /* dev is the calling thread's current device */
-    gg_site site;      /* filled by the guard when it captures a stack */
+    gg_site site;        /* captured by the guard when the policy wants a stack */
 };
 
-/* Read device properties and policies; called once at start. */
-void gg_guard_init_devices(void);
+enum gg_incident { GG_INCIDENT_NONE, GG_INCIDENT_NEAR_MISS, GG_INCIDENT_REFUSED,
+                   GG_INCIDENT_OOM };
+
+/* What a decision asks to be said. */
+struct gg_verdict {
+    uint8_t incident;    /* enum gg_incident */
+    bool journal;        /* write the incident's line (near misses are sampled per site) */
+    bool over_limit;     /* a near miss past the limit (not enforcing) */
+    bool sample;         /* the process's use moved: a timeline point */
+    uint64_t used;       /* device-wide use at the decision */
+    uint64_t count;      /* the site's running near-miss count */
+    uint64_t current;    /* the process's bytes after the call */
+};
+
+static inline bool gg_verdict_any(const struct gg_verdict *v)
+{
+    return v->incident != GG_INCIDENT_NONE || v->sample;
+}
 
 /* Before the real allocation: false means refuse it (the hook then returns
  * the allocator's out-of-memory code without calling it). */
-bool gg_guard_admit(struct gg_call *c);
+bool gg_guard_admit(struct gg_call *c, struct gg_verdict *v);
 
-/* After the real allocation succeeded with ptr. */
-void gg_guard_allocated(struct gg_call *c, uintptr_t ptr);
+/* After the real allocation succeeded with key (a pointer or a handle's key). */
+void gg_guard_allocated(struct gg_call *c, uintptr_t key, struct gg_verdict *v);
 
 /* After the real allocation failed; oom: with the out-of-memory code. */
-void gg_guard_failed(struct gg_call *c, bool oom);
+void gg_guard_failed(struct gg_call *c, bool oom, struct gg_verdict *v);
 
-/* Before the real free of ptr: forget it. False when ptr is unknown (the
- * hook forwards it untouched). *out says what it was. */
-bool gg_guard_release(uintptr_t ptr, struct gg_alloc *out);
+/* Before the real free of key: forget it (the address may be handed out
+ * again the moment the real free returns). False when key is unknown (the
+ * hook forwards it untouched); *out and *ticket for gg_guard_unrelease. */
+bool gg_guard_release(uintptr_t key, struct gg_entry *out, uint32_t *ticket,
+                      struct gg_verdict *v);
 
 /* The real free failed after gg_guard_release: put the entry back. */
-void gg_guard_unrelease(const struct gg_alloc *a);
+void gg_guard_unrelease(const struct gg_entry *e, uint32_t ticket);
 
-/* Device-wide use now, as the guard sees it (estimate). */
-uint64_t gg_guard_used(int dev);
+/* The real free of a key the guard did not know succeeded on device dev
+ * (-1: unknown). Counted; true the first time (said once). */
+bool gg_guard_unknown_free(uintptr_t key, int dev);
 
-/* cudaMemGetInfo as the policy wants it answered: rewrites free and total for
- * device dev when virtualize_meminfo is on. */
+/* VMM: handle `key` mapped at va / the mapping at va unmapped (the memory
+ * lives while mapped) / the handle released. */
+void gg_guard_mapped(uintptr_t va, uint64_t size, uintptr_t key);
+void gg_guard_unmapped(uintptr_t va, uint64_t size, struct gg_verdict *v);
+bool gg_guard_release_handle(uintptr_t key, struct gg_verdict *v);
+
+/* cudaMemGetInfo as the policy wants it answered: rewrites free and total
+ * of device dev when it is enforcing and virtualize_meminfo is on. */
 void gg_guard_meminfo(int dev, size_t *free_b, size_t *total_b);
+
+/* A trainer registered (gpuguard_set_batch): every device in mode auto
+ * enforces from now on. Returns a bit per device that switched. */
+uint64_t gg_guard_trainer_registered(void);
 
 /* The sites that held device dev's memory at its peak, largest first. */
 size_t gg_guard_peak_sites(int dev, struct gg_site_usage *out, size_t max);
 
-/* A trainer registered (gpuguard_set_batch): every device in mode auto
- * enforces from now on, each switch journaled as a `mode` event. */
-void gg_guard_trainer_registered(void);
-
-/* The device of the calling thread (runtime or driver), -1 when unknown. */
-int gg_guard_current_device(void);
+/* The fork story (life.c). */
+void gg_guard_after_fork(void);
 
 #endif /* GG_GUARD_H */

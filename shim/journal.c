@@ -1,98 +1,101 @@
-/* journal.c - the JSON-lines journal (see journal.h). */
+/* journal.c - layer 4: the journal file (see journal.h). */
 #include "journal.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-#include "os.h"
+#include "prim.h"
 
-static _Atomic int journal_fd = -1;
-static char journal_path[1200];
-static uint64_t start_ns;
+static _Atomic int fd = -1;
+static dev_t file_dev;
+static ino_t file_ino;
+static char path[GG_PATH_MAX + 128];
+static gg_spin reopen_lock = GG_SPIN_INIT;
 
-double gg_journal_time(void)
+bool gg_journal_open(const char *dir, const char *comm, long rank)
 {
-    return (double)(gg_now_ns() - start_ns) / 1e9;
-}
-
-bool gg_journal_open(const char *dir, const char *rank)
-{
-    start_ns = gg_now_ns();
-    char comm[32], rk[32];
-    gg_comm(comm, sizeof comm);
-    if (rank) {
-        /* RANK goes into a file name: digits only, as ranks are. */
-        size_t j = 0;
-        for (size_t i = 0; rank[i] && j + 1 < sizeof rk; i++)
-            rk[j++] = rank[i] >= '0' && rank[i] <= '9' ? rank[i] : '_';
-        rk[j] = '\0';
-        rank = rk;
-    }
     int n;
-    if (rank)
-        n = snprintf(journal_path, sizeof journal_path, "%s/gpuguard.%s.rank%s.%d.jsonl",
-                     dir, comm, rank, (int)getpid());
-    else
-        n = snprintf(journal_path, sizeof journal_path, "%s/gpuguard.%s.%d.jsonl", dir, comm,
+    if (rank >= 0)
+        n = snprintf(path, sizeof path, "%s/gpuguard.%s.rank%ld.%d.jsonl", dir, comm, rank,
                      (int)getpid());
-    if (n < 0 || (size_t)n >= sizeof journal_path) {
+    else
+        n = snprintf(path, sizeof path, "%s/gpuguard.%s.%d.jsonl", dir, comm, (int)getpid());
+    if (n < 0 || (size_t)n >= sizeof path) {
         gg_say("journal directory name too long: %s; no journal", dir);
-        journal_path[0] = '\0';
+        path[0] = '\0';
         return false;
     }
-    int fd = open(journal_path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_NOFOLLOW | O_CLOEXEC,
-                  0600);
-    if (fd < 0) {
-        gg_say("cannot create journal %s: %s; no journal", journal_path, strerror(errno));
-        journal_path[0] = '\0';
+    int f = gg_file_create(path);
+    struct stat st;
+    if (f < 0 || fstat(f, &st) != 0) {
+        gg_say("cannot create journal %s: %s; no journal", path, strerror(errno));
+        if (f >= 0)
+            close(f);
+        path[0] = '\0';
         return false;
     }
-    atomic_store(&journal_fd, fd);
+    file_dev = st.st_dev;
+    file_ino = st.st_ino;
+    atomic_store(&fd, f);
     return true;
 }
 
 const char *gg_journal_path(void)
 {
-    return journal_path[0] ? journal_path : NULL;
+    return path[0] ? path : NULL;
 }
 
 void gg_journal_drop(void)
 {
-    int fd = atomic_exchange(&journal_fd, -1);
-    if (fd >= 0)
-        close(fd);
-    journal_path[0] = '\0';
+    int f = atomic_exchange(&fd, -1);
+    if (f >= 0)
+        close(f);
+    path[0] = '\0';
 }
 
-void gg_journal_begin(struct gg_json *j, char *buf, size_t cap, const char *ev)
+static bool is_ours(int f)
 {
-    gg_json_init(j, buf, cap);
-    gg_json_obj(j);
-    gg_json_kf64(j, "t", gg_journal_time());
-    gg_json_kstr(j, "ev", ev);
+    struct stat st;
+    return fstat(f, &st) == 0 && st.st_dev == file_dev && st.st_ino == file_ino;
 }
 
-void gg_journal_end(struct gg_json *j)
+/* The descriptor is someone else's now: open the journal again by its path
+ * (no O_CREAT: only the file the shim created, if it is still there). */
+static GG_COLD int reopen(int stale)
 {
-    gg_json_obj_end(j);
-    gg_json_raw_newline(j);
-    int fd = atomic_load_explicit(&journal_fd, memory_order_relaxed);
-    if (fd >= 0 && !j->failed) {
-        int saved = errno;
-        (void)gg_write_all(fd, j->buf, j->len);
-        errno = saved;
+    static bool said;
+    int f = -1;
+    gg_spin_lock(&reopen_lock);
+    int cur = atomic_load(&fd);
+    if (cur != stale) { /* another thread did it */
+        gg_spin_unlock(&reopen_lock);
+        return cur;
     }
-    gg_json_free(j);
+    f = open(path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+    if (f >= 0 && !is_ours(f)) {
+        close(f);
+        f = -1;
+    }
+    atomic_store(&fd, f);
+    gg_spin_unlock(&reopen_lock);
+    if (f < 0 && !said) {
+        said = true;
+        gg_say("the journal's descriptor was taken over by the program and %s cannot be opened "
+               "again; no more journal lines", path);
+    }
+    return f;
 }
 
-/* Errors found while starting, before the journal exists (policy problems). */
+/* ---- lines before the journal opens ---------------------------------------------- */
+
 #define PENDING 16
-static char pending[PENDING][512];
+#define PENDING_LEN 1024
+static char pending[PENDING][PENDING_LEN];
+static size_t pending_len[PENDING];
 static int npending;
 static bool holding;
 
@@ -102,35 +105,31 @@ void gg_journal_hold(void)
     npending = 0;
 }
 
-static void error_event(const char *msg)
-{
-    char buf[1024];
-    struct gg_json j;
-    gg_journal_begin(&j, buf, sizeof buf, "error");
-    gg_json_kstr(&j, "message", msg);
-    gg_journal_end(&j);
-}
-
 void gg_journal_release(bool open)
 {
     holding = false;
     for (int i = 0; open && i < npending; i++)
-        error_event(pending[i]);
+        gg_journal_write(pending[i], pending_len[i]);
     npending = 0;
 }
 
-void gg_journal_error(const char *fmt, ...)
+void gg_journal_write(const char *line, size_t len)
 {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    gg_say("%s", msg);
     if (holding) {
-        if (npending < PENDING)
-            memcpy(pending[npending++], msg, sizeof msg);
+        /* Only the starting thread writes while holding (others wait). */
+        if (npending < PENDING && len <= PENDING_LEN) {
+            memcpy(pending[npending], line, len);
+            pending_len[npending++] = len;
+        }
         return;
     }
-    error_event(msg);
+    int f = atomic_load_explicit(&fd, memory_order_relaxed);
+    if (f < 0)
+        return;
+    int saved = errno;
+    if (gg_unlikely(!is_ours(f)))
+        f = reopen(f);
+    if (f >= 0)
+        (void)gg_write_all(f, line, len);
+    errno = saved;
 }

@@ -1,57 +1,40 @@
-/* ledger.c - live allocations and per-device counters (see ledger.h).
+/* ledger.c - layer 1: live allocations (see ledger.h).
  *
- * 256 shards chosen by a hash of the pointer; each shard is an open-addressed
- * table with linear probing and backward-shift deletion (no tombstones), grown
- * by doubling at 3/4 full. Entries are 24 bytes; the tables live in mmap'd
- * memory so the host's malloc never sees them.
+ * 256 shards chosen by a hash of the key; each shard is an open-addressed
+ * table with linear probing and backward-shift deletion (no tombstones),
+ * grown by doubling at 3/4 full. Entries are 24 bytes; the tables live in
+ * mmap'd memory so the host's malloc never sees them.
  */
 #include "ledger.h"
 
 #include <stddef.h>
 #include <string.h>
 
-#include "os.h"
+#include "prim.h"
 
 #define SHARDS 256
 #define MIN_CAP 64
+#define RECENT 4 /* unknown frees remembered per shard, for restore */
 
 struct shard {
     _Alignas(64) gg_spin lock;
     uint32_t cap;   /* power of two, 0 before the first insert */
     uint32_t count;
-    struct gg_alloc *slot;
-    /* Written under the lock with plain (relaxed, not locked) stores; read
-     * without it when summed. */
+    struct gg_entry *slot;
+    uint32_t unknown_seq;          /* unknown frees seen, ever */
+    uintptr_t recent[RECENT];      /* the last ones, by unknown_seq % RECENT */
+    /* Written under the lock with plain (not locked) read-modify-writes;
+     * read without it when summed. */
     _Atomic uint64_t allocs[GG_MAX_DEVICES], frees[GG_MAX_DEVICES];
 };
 
-/* +1 under the shard's lock: a load and a store, no locked instruction. */
+static struct shard shards[SHARDS];
+
+/* +by under the shard's lock: a load and a store, no locked instruction. */
 static inline void bump(_Atomic uint64_t *c, int64_t by)
 {
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + (uint64_t)by,
                           memory_order_relaxed);
-}
-
-static struct shard shards[SHARDS];
-struct gg_counters gg_ledger_counters[GG_MAX_DEVICES];
-
-static const char *const api_names[GG_API_COUNT] = {
-    [GG_API_CUDA_MALLOC] = "cudaMalloc",
-    [GG_API_CUDA_MALLOC_ASYNC] = "cudaMallocAsync",
-    [GG_API_CUDA_MALLOC_FROM_POOL] = "cudaMallocFromPoolAsync",
-    [GG_API_CUDA_MALLOC_MANAGED] = "cudaMallocManaged",
-    [GG_API_CUDA_MALLOC_PITCH] = "cudaMallocPitch",
-    [GG_API_CU_MEM_ALLOC] = "cuMemAlloc",
-    [GG_API_CU_MEM_ALLOC_ASYNC] = "cuMemAllocAsync",
-    [GG_API_CU_MEM_ALLOC_FROM_POOL] = "cuMemAllocFromPoolAsync",
-    [GG_API_CU_MEM_ALLOC_MANAGED] = "cuMemAllocManaged",
-    [GG_API_CU_MEM_ALLOC_PITCH] = "cuMemAllocPitch",
-    [GG_API_CU_MEM_CREATE] = "cuMemCreate",
-};
-
-const char *gg_api_name(enum gg_api api)
-{
-    return (unsigned)api < GG_API_COUNT ? api_names[api] : "unknown";
 }
 
 static inline uint64_t hash(uintptr_t p)
@@ -67,43 +50,48 @@ static inline struct shard *shard_of(uint64_t h)
 
 static size_t table_bytes(uint32_t cap)
 {
-    return (size_t)cap * sizeof(struct gg_alloc);
+    return (size_t)cap * sizeof(struct gg_entry);
 }
 
-/* Insert into a table known to have room; the pointer is not present. */
-static void place(struct gg_alloc *slot, uint32_t cap, const struct gg_alloc *a, uint64_t h)
+/* Insert into a table known to have room; the key is not present. */
+static void place(struct gg_entry *slot, uint32_t cap, const struct gg_entry *e, uint64_t h)
 {
     uint32_t mask = cap - 1, i = (uint32_t)h & mask;
-    while (slot[i].ptr)
+    while (slot[i].key)
         i = (i + 1) & mask;
-    slot[i] = *a;
+    slot[i] = *e;
 }
 
 static GG_COLD bool grow(struct shard *s)
 {
     uint32_t cap = s->cap ? s->cap * 2 : MIN_CAP;
-    struct gg_alloc *slot = gg_os_alloc(table_bytes(cap));
+    struct gg_entry *slot = gg_pages(table_bytes(cap));
     if (!slot)
         return false;
     for (uint32_t i = 0; i < s->cap; i++)
-        if (s->slot[i].ptr)
-            place(slot, cap, &s->slot[i], hash(s->slot[i].ptr));
-    gg_os_free(s->slot, table_bytes(s->cap));
+        if (s->slot[i].key)
+            place(slot, cap, &s->slot[i], hash(s->slot[i].key));
+    gg_pages_free(s->slot, table_bytes(s->cap));
     s->slot = slot;
     s->cap = cap;
     return true;
 }
 
-/* Index of ptr in the shard, or -1. Shard locked. */
-static inline int64_t lookup(const struct shard *s, uintptr_t ptr, uint64_t h)
+static inline bool has_room(struct shard *s)
+{
+    return (s->count + 1) * 4 <= s->cap * 3 || grow(s);
+}
+
+/* Index of key in the shard, or -1. Shard locked. */
+static inline int64_t lookup(const struct shard *s, uintptr_t key, uint64_t h)
 {
     if (!s->cap)
         return -1;
     uint32_t mask = s->cap - 1;
     for (uint32_t i = (uint32_t)h & mask;; i = (i + 1) & mask) {
-        if (s->slot[i].ptr == ptr)
+        if (s->slot[i].key == key)
             return i;
-        if (!s->slot[i].ptr)
+        if (!s->slot[i].key)
             return -1;
     }
 }
@@ -112,8 +100,8 @@ static inline int64_t lookup(const struct shard *s, uintptr_t ptr, uint64_t h)
 static void erase(struct shard *s, uint32_t i)
 {
     uint32_t mask = s->cap - 1;
-    for (uint32_t j = (i + 1) & mask; s->slot[j].ptr; j = (j + 1) & mask) {
-        uint32_t home = (uint32_t)hash(s->slot[j].ptr) & mask;
+    for (uint32_t j = (i + 1) & mask; s->slot[j].key; j = (j + 1) & mask) {
+        uint32_t home = (uint32_t)hash(s->slot[j].key) & mask;
         /* Move j back to i when its home does not lie cyclically in (i, j]. */
         bool stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
         if (!stays) {
@@ -121,51 +109,45 @@ static void erase(struct shard *s, uint32_t i)
             i = j;
         }
     }
-    s->slot[i].ptr = 0;
+    s->slot[i].key = 0;
     s->count--;
 }
 
-bool gg_ledger_add(const struct gg_alloc *a, uint64_t *current, bool *new_peak)
+enum gg_ledger_add gg_ledger_add(const struct gg_entry *e, struct gg_entry *evicted)
 {
-    uint64_t h = hash(a->ptr);
+    uint64_t h = hash(e->key);
     struct shard *s = shard_of(h);
+    enum gg_ledger_add r = GG_LEDGER_ADDED;
     gg_spin_lock(&s->lock);
-    if (gg_unlikely((s->count + 1) * 4 > s->cap * 3) && !grow(s)) {
+    if (gg_unlikely(!has_room(s))) {
         gg_spin_unlock(&s->lock);
-        return false;
+        return GG_LEDGER_FULL;
     }
-    /* One probe: the pointer's slot if it is there, else the first empty one. */
+    /* One probe: the key's slot if it is there, else the first empty one. */
     uint32_t mask = s->cap - 1, i = (uint32_t)h & mask;
-    while (s->slot[i].ptr && s->slot[i].ptr != a->ptr)
+    while (s->slot[i].key && s->slot[i].key != e->key)
         i = (i + 1) & mask;
-    if (gg_unlikely(s->slot[i].ptr)) {
-        /* The allocator handed out a pointer we think is live: a free we did
-         * not see (a path we do not hook). The new allocation replaces it. */
-        struct gg_alloc old = s->slot[i];
-        bump(&s->frees[old.dev], 1);
-        atomic_fetch_sub_explicit(&gg_ledger_counters[old.dev].current, old.size,
-                                  memory_order_relaxed);
-        gg_site_charge(old.site, -(int64_t)old.size, -1);
+    if (gg_unlikely(s->slot[i].key)) {
+        /* The allocator handed out a key we think is live: a free we did
+         * not see (a path we do not hook). The new entry replaces it. */
+        *evicted = s->slot[i];
+        bump(&s->frees[evicted->dev], 1);
+        r = GG_LEDGER_REPLACED;
     } else {
         s->count++;
     }
-    s->slot[i] = *a;
-    bump(&s->allocs[a->dev], 1);
+    s->slot[i] = *e;
+    bump(&s->allocs[e->dev], 1);
     gg_spin_unlock(&s->lock);
-
-    struct gg_counters *c = &gg_ledger_counters[a->dev];
-    uint64_t cur = atomic_fetch_add_explicit(&c->current, a->size, memory_order_relaxed) + a->size;
-    *new_peak = gg_atomic_max(&c->peak, cur);
-    *current = cur;
-    return true;
+    return r;
 }
 
-bool gg_ledger_remove(uintptr_t ptr, struct gg_alloc *out)
+bool gg_ledger_remove(uintptr_t key, struct gg_entry *out, uint32_t *ticket)
 {
-    uint64_t h = hash(ptr);
+    uint64_t h = hash(key);
     struct shard *s = shard_of(h);
     gg_spin_lock(&s->lock);
-    int64_t at = lookup(s, ptr, h);
+    int64_t at = lookup(s, key, h);
     if (at < 0) {
         gg_spin_unlock(&s->lock);
         return false;
@@ -173,27 +155,109 @@ bool gg_ledger_remove(uintptr_t ptr, struct gg_alloc *out)
     *out = s->slot[at];
     erase(s, (uint32_t)at);
     bump(&s->frees[out->dev], 1);
+    if (ticket)
+        *ticket = s->unknown_seq;
     gg_spin_unlock(&s->lock);
-
-    atomic_fetch_sub_explicit(&gg_ledger_counters[out->dev].current, out->size,
-                              memory_order_relaxed);
     return true;
 }
 
-void gg_ledger_restore(const struct gg_alloc *a)
+void gg_ledger_unknown_freed(uintptr_t key)
 {
-    uint64_t h = hash(a->ptr);
+    uint64_t h = hash(key);
     struct shard *s = shard_of(h);
     gg_spin_lock(&s->lock);
-    if (lookup(s, a->ptr, h) >= 0 || ((s->count + 1) * 4 > s->cap * 3 && !grow(s))) {
-        gg_spin_unlock(&s->lock);
-        return;
-    }
-    place(s->slot, s->cap, a, h);
-    s->count++;
-    bump(&s->frees[a->dev], -1);
+    s->recent[s->unknown_seq % RECENT] = key;
+    s->unknown_seq++;
     gg_spin_unlock(&s->lock);
-    atomic_fetch_add_explicit(&gg_ledger_counters[a->dev].current, a->size, memory_order_relaxed);
+}
+
+/* Was key freed as unknown since `ticket`? When more unknown frees than the
+ * shard remembers came since, it cannot tell: say yes (a lost entry is
+ * corrected by the next device reading; a phantom would be refused against
+ * forever). */
+static bool freed_since(const struct shard *s, uintptr_t key, uint32_t ticket)
+{
+    uint32_t since = s->unknown_seq - ticket;
+    if (since > RECENT)
+        return true;
+    for (uint32_t k = 0; k < since; k++)
+        if (s->recent[(ticket + k) % RECENT] == key)
+            return true;
+    return false;
+}
+
+bool gg_ledger_restore(const struct gg_entry *e, uint32_t ticket)
+{
+    uint64_t h = hash(e->key);
+    struct shard *s = shard_of(h);
+    gg_spin_lock(&s->lock);
+    bool ok = lookup(s, e->key, h) < 0 && !freed_since(s, e->key, ticket) && has_room(s);
+    if (ok) {
+        place(s->slot, s->cap, e, h);
+        s->count++;
+        bump(&s->frees[e->dev], -1);
+    }
+    gg_spin_unlock(&s->lock);
+    return ok;
+}
+
+bool gg_ledger_map(uintptr_t key, int delta, struct gg_entry *out)
+{
+    uint64_t h = hash(key);
+    struct shard *s = shard_of(h);
+    bool gone = false;
+    gg_spin_lock(&s->lock);
+    int64_t at = lookup(s, key, h);
+    if (at >= 0) {
+        struct gg_entry *e = &s->slot[at];
+        if (delta > 0 && e->refs < UINT8_MAX)
+            e->refs++;
+        else if (delta < 0 && e->refs > 0 && e->refs < UINT8_MAX)
+            e->refs--;
+        if (e->refs == 0 && (e->flags & GG_ENTRY_RELEASED)) {
+            *out = *e;
+            erase(s, (uint32_t)at);
+            bump(&s->frees[out->dev], 1);
+            gone = true;
+        }
+    }
+    gg_spin_unlock(&s->lock);
+    return gone;
+}
+
+enum gg_ledger_release gg_ledger_release(uintptr_t key, struct gg_entry *out)
+{
+    uint64_t h = hash(key);
+    struct shard *s = shard_of(h);
+    enum gg_ledger_release r = GG_LEDGER_UNKNOWN;
+    gg_spin_lock(&s->lock);
+    int64_t at = lookup(s, key, h);
+    if (at >= 0) {
+        struct gg_entry *e = &s->slot[at];
+        *out = *e;
+        if (e->refs) {
+            e->flags |= GG_ENTRY_RELEASED;
+            r = GG_LEDGER_KEPT;
+        } else {
+            erase(s, (uint32_t)at);
+            bump(&s->frees[out->dev], 1);
+            r = GG_LEDGER_GONE;
+        }
+    }
+    gg_spin_unlock(&s->lock);
+    return r;
+}
+
+bool gg_ledger_find(uintptr_t key, struct gg_entry *out)
+{
+    uint64_t h = hash(key);
+    struct shard *s = shard_of(h);
+    gg_spin_lock(&s->lock);
+    int64_t at = lookup(s, key, h);
+    if (at >= 0)
+        *out = s->slot[at];
+    gg_spin_unlock(&s->lock);
+    return at >= 0;
 }
 
 static uint64_t sum(size_t offset, int dev)
@@ -216,18 +280,6 @@ uint64_t gg_ledger_frees(int dev)
     return (unsigned)dev < GG_MAX_DEVICES ? sum(offsetof(struct shard, frees), dev) : 0;
 }
 
-bool gg_ledger_find(uintptr_t ptr, struct gg_alloc *out)
-{
-    uint64_t h = hash(ptr);
-    struct shard *s = shard_of(h);
-    gg_spin_lock(&s->lock);
-    int64_t at = lookup(s, ptr, h);
-    if (at >= 0)
-        *out = s->slot[at];
-    gg_spin_unlock(&s->lock);
-    return at >= 0;
-}
-
 uint64_t gg_ledger_footprint(void)
 {
     uint64_t bytes = sizeof shards;
@@ -239,12 +291,13 @@ uint64_t gg_ledger_footprint(void)
 void gg_ledger_reset(void)
 {
     for (int k = 0; k < SHARDS; k++) {
-        gg_os_free(shards[k].slot, table_bytes(shards[k].cap));
-        shards[k].slot = NULL;
-        shards[k].cap = shards[k].count = 0;
-        memset((void *)shards[k].allocs, 0, sizeof shards[k].allocs);
-        memset((void *)shards[k].frees, 0, sizeof shards[k].frees);
-        atomic_flag_clear(&shards[k].lock.f);
+        gg_pages_free(shards[k].slot, table_bytes(shards[k].cap));
+        memset(&shards[k], 0, sizeof shards[k]);
     }
-    memset(gg_ledger_counters, 0, sizeof gg_ledger_counters);
+}
+
+void gg_ledger_after_fork(void)
+{
+    for (int k = 0; k < SHARDS; k++)
+        gg_spin_reset(&shards[k].lock);
 }

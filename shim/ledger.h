@@ -1,84 +1,94 @@
-/* ledger.h - every live device allocation of this process, and the counters
- * per device (DESIGN.md section 2).
+/* ledger.h - layer 1: every live device allocation of this process.
  *
- * pointer -> (size, device, site, api) in a hash table split into shards,
- * each with its own short spin lock, so threads allocating at once rarely
- * meet. The counters are atomics: current bytes, peak, allocations, frees,
- * failures. Exact under any number of threads: the peak is the largest value
- * `current` took in the order the atomic additions happened.
+ * key -> (size, device, site, api) in a hash table split into shards, each
+ * with its own short spin lock, so threads allocating at once rarely meet.
+ * A key is a device pointer, or a VMM handle's key (gg_ledger_handle_key).
+ * Allocation and free counts per device are kept in the shards under the
+ * lock already held. The ledger knows nothing of stacks or devices' byte
+ * counters: it says what it stored, removed or evicted, and the caller
+ * accounts for it.
  *
- * A failed allocation never enters the ledger; a pointer the ledger does not
- * know is reported as unknown and the caller forwards it untouched.
+ * Exact under any interleaving: a free is a removal; a free whose real call
+ * then failed puts the entry back, unless another thread freed the same
+ * pointer in the meantime (gg_ledger_unknown_freed), so a racing double free
+ * never leaves a phantom allocation.
  */
 #ifndef GG_LEDGER_H
 #define GG_LEDGER_H
 
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "stack.h"
-
 #define GG_MAX_DEVICES 64
 
-/* Which API made an allocation: names for the journal's `api` field. */
-enum gg_api {
-    GG_API_CUDA_MALLOC, GG_API_CUDA_MALLOC_ASYNC, GG_API_CUDA_MALLOC_FROM_POOL,
-    GG_API_CUDA_MALLOC_MANAGED, GG_API_CUDA_MALLOC_PITCH,
-    GG_API_CU_MEM_ALLOC, GG_API_CU_MEM_ALLOC_ASYNC, GG_API_CU_MEM_ALLOC_FROM_POOL,
-    GG_API_CU_MEM_ALLOC_MANAGED, GG_API_CU_MEM_ALLOC_PITCH, GG_API_CU_MEM_CREATE,
-    GG_API_COUNT
-};
-const char *gg_api_name(enum gg_api api);
+/* A VMM handle still mapped somewhere when it was released: its memory
+ * lives until the last mapping goes (cuMemRelease, cuMemUnmap). */
+#define GG_ENTRY_RELEASED 0x1u
 
-struct gg_alloc {
-    uintptr_t ptr;
-    uint64_t size;
-    gg_site site;
-    int16_t dev;
-    uint8_t api;
-    uint8_t pad;
+struct gg_entry {
+    uintptr_t key;     /* device pointer, or gg_ledger_handle_key(handle) */
+    uint64_t size;     /* bytes counted */
+    uint32_t site;     /* the caller's site id (opaque here) */
+    uint8_t dev;
+    uint8_t api;       /* which function allocated it (opaque here) */
+    uint8_t flags;     /* GG_ENTRY_* */
+    uint8_t refs;      /* VMM mappings of a handle (saturates at 255) */
 };
 
-/* Per device. `current` and `peak` are the only counters every allocation
- * writes through a shared atomic (the exact peak needs one order of
- * additions); allocation and free counts live in the shards, under the lock
- * already held, and are summed when read. */
-struct gg_counters {
-    _Alignas(64) _Atomic uint64_t current;   /* bytes held now */
-    _Alignas(64) _Atomic uint64_t peak;      /* most bytes held */
-    _Alignas(64) _Atomic uint64_t ooms;      /* the real allocator said no */
-    _Atomic uint64_t refusals;               /* the guard said no */
-    _Atomic uint64_t near_misses;
-    _Atomic uint64_t unknown_frees;          /* frees of pointers never seen */
+/* Handles and pointers share the table: ~handle keeps the key spaces apart
+ * (device pointers never have the top bits set). */
+static inline uintptr_t gg_ledger_handle_key(uint64_t handle)
+{
+    return (uintptr_t)~handle;
+}
+
+enum gg_ledger_add {
+    GG_LEDGER_ADDED,     /* stored */
+    GG_LEDGER_REPLACED,  /* stored; *evicted held what the key held (a free not seen) */
+    GG_LEDGER_FULL,      /* out of memory: not stored */
 };
+enum gg_ledger_add gg_ledger_add(const struct gg_entry *e, struct gg_entry *evicted);
 
-extern struct gg_counters gg_ledger_counters[GG_MAX_DEVICES];
+/* Remove key for a free; false when unknown. *ticket goes to
+ * gg_ledger_restore if the real free fails. */
+bool gg_ledger_remove(uintptr_t key, struct gg_entry *out, uint32_t *ticket);
 
-/* Record a successful allocation: *current is the device's bytes held after
- * it, *new_peak whether it set a peak. False when the ledger could not store
- * the entry (out of memory: the caller says so once and stops counting). */
-bool gg_ledger_add(const struct gg_alloc *a, uint64_t *current, bool *new_peak);
+/* The real free of a pointer the ledger did not know succeeded (another
+ * thread may be freeing it at the same time: see restore). */
+void gg_ledger_unknown_freed(uintptr_t key);
 
-/* Forget an allocation that is being freed. False if the pointer is unknown;
- * otherwise *out holds what was recorded and the counters are updated. */
-bool gg_ledger_remove(uintptr_t ptr, struct gg_alloc *out);
+/* The real free failed after gg_ledger_remove: put the entry back (neither
+ * an allocation nor a free happened), unless the key was freed by another
+ * thread or stored again since. True when it was put back. */
+bool gg_ledger_restore(const struct gg_entry *e, uint32_t ticket);
 
-/* Put back an entry removed for a free that then failed: neither an
- * allocation nor a free happened. */
-void gg_ledger_restore(const struct gg_alloc *a);
+/* VMM: a mapping of a handle came (+1) or went (-1). Going to no mapping
+ * removes a handle that was released (true, *out filled). */
+bool gg_ledger_map(uintptr_t key, int delta, struct gg_entry *out);
+
+enum gg_ledger_release {
+    GG_LEDGER_UNKNOWN,   /* no such key */
+    GG_LEDGER_GONE,      /* removed, *out filled */
+    GG_LEDGER_KEPT,      /* still mapped: marked released, still counted */
+};
+/* A handle is released: gone, or kept while mapped. */
+enum gg_ledger_release gg_ledger_release(uintptr_t key, struct gg_entry *out);
+
+/* Look without changing anything. */
+bool gg_ledger_find(uintptr_t key, struct gg_entry *out);
 
 /* Allocations and frees recorded for a device (live = allocs - frees). */
 uint64_t gg_ledger_allocs(int dev);
 uint64_t gg_ledger_frees(int dev);
 
-/* Look without changing anything. */
-bool gg_ledger_find(uintptr_t ptr, struct gg_alloc *out);
-
 /* Bytes the table itself occupies. */
 uint64_t gg_ledger_footprint(void);
 
-/* Forget everything (tests, and a forked child). Not thread-safe. */
+/* Forget everything (tests). Not thread-safe. */
 void gg_ledger_reset(void);
+
+/* The fork story (life.c): the child never uses the ledger, only its locks
+ * must not stay held. */
+void gg_ledger_after_fork(void);
 
 #endif /* GG_LEDGER_H */

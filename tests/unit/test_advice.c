@@ -4,26 +4,28 @@
 #include <signal.h>
 
 #include "advice.h"
-#include "gpuguard.h"
-#include "guard.h"
 #include "unit.h"
 
-static struct gpuguard_advice last(void)
+static struct gg_trainer_policy policy;
+
+static struct gg_advice last(void)
 {
-    struct gpuguard_advice a;
+    struct gg_advice a;
     memset(&a, 0, sizeof a);
     gg_advice_pending(&a);
     return a;
 }
 
+static void raise_(enum gg_reason why)
+{
+    struct gg_advice a;
+    gg_advice_raise(0, why, &policy, &a);
+}
+
 static void setup(int batch, int accum, int min)
 {
-    gg_device_count = 1;
-    gg_devices[0].present = true;
-    gg_policy_defaults(&gg_devices[0].policy);
-    gg_devices[0].policy.signal = 0;
-    gg_devices[0].policy.min_batch_size = min;
-    struct gpuguard_advice a;
+    policy = (struct gg_trainer_policy){0, 0, min, 0};
+    struct gg_advice a;
     if (gg_advice_pending(&a))
         gg_advice_ack(a.seq); /* clear what an earlier test left */
     gg_advice_set_batch(batch, accum);
@@ -32,13 +34,13 @@ static void setup(int batch, int accum, int min)
 static void test_halve_and_keep_effective(void)
 {
     setup(32, 1, 1);
-    gg_advice_raise(0, GG_REASON_NEAR_MISS);
-    struct gpuguard_advice a = last();
+    raise_(GG_REASON_NEAR_MISS);
+    struct gg_advice a = last();
     CHECK_EQ_U64(a.batch_size, 16);
     CHECK_EQ_U64(a.grad_accum, 2);
     CHECK_STR(a.reason, "near_miss");
     setup(5, 3, 1);
-    gg_advice_raise(0, GG_REASON_OOM);
+    raise_(GG_REASON_OOM);
     a = last();
     CHECK_EQ_U64(a.batch_size, 2);
     CHECK_EQ_U64(a.grad_accum, 8); /* 2 x 8 >= 5 x 3 */
@@ -48,16 +50,16 @@ static void test_halve_and_keep_effective(void)
 static void test_zone_once_per_ack(void)
 {
     setup(32, 1, 1);
-    gg_advice_raise(0, GG_REASON_NEAR_MISS);
+    raise_(GG_REASON_NEAR_MISS);
     unsigned first = last().seq;
-    gg_advice_raise(0, GG_REASON_NEAR_MISS);
+    raise_(GG_REASON_NEAR_MISS);
     CHECK_EQ_U64(last().seq, first); /* no second zone advice */
-    gg_advice_raise(0, GG_REASON_REFUSED);
+    raise_(GG_REASON_REFUSED);
     CHECK_EQ_U64(last().seq, first + 1); /* a refusal always advises */
     gg_advice_ack(first + 1);
     CHECK(!gg_advice_pending(NULL));
-    gg_advice_raise(0, GG_REASON_NEAR_MISS); /* re-armed, from the new batch */
-    struct gpuguard_advice a = last();
+    raise_(GG_REASON_NEAR_MISS); /* re-armed, from the new batch */
+    struct gg_advice a = last();
     CHECK_EQ_U64(a.batch_size, 8);
     CHECK_EQ_U64(a.grad_accum, 4);
 }
@@ -65,12 +67,12 @@ static void test_zone_once_per_ack(void)
 static void test_at_min(void)
 {
     setup(6, 1, 4);
-    gg_advice_raise(0, GG_REASON_REFUSED);
-    struct gpuguard_advice a = last();
+    raise_(GG_REASON_REFUSED);
+    struct gg_advice a = last();
     CHECK_EQ_U64(a.batch_size, 4);
     CHECK_EQ_U64(a.grad_accum, 2);
     gg_advice_ack(a.seq);
-    gg_advice_raise(0, GG_REASON_REFUSED);
+    raise_(GG_REASON_REFUSED);
     a = last();
     CHECK_EQ_U64(a.batch_size, 4);
     CHECK_STR(a.reason, "at_min");
@@ -79,31 +81,66 @@ static void test_at_min(void)
 static void test_unknown_batch(void)
 {
     setup(0, 0, 1);
-    gg_advice_raise(0, GG_REASON_OOM);
-    struct gpuguard_advice a = last();
+    raise_(GG_REASON_OOM);
+    struct gg_advice a = last();
     CHECK_EQ_U64(a.batch_size, 0);
     CHECK_EQ_U64(a.grad_accum, 0);
+}
+
+/* The policy's batch counts until the trainer tells its own; a raise that
+ * is not made (a zone entry while disarmed) says so. */
+static void test_policy_batch_and_raise_result(void)
+{
+    struct gg_advice a;
+    setup(32, 1, 1);
+    CHECK(gg_advice_raise(0, GG_REASON_NEAR_MISS, &policy, &a));
+    CHECK(!gg_advice_raise(0, GG_REASON_NEAR_MISS, &policy, &a));
+    CHECK(gg_advice_registered());
+}
+
+/* A signal handler on the thread that holds the lock never runs inside it:
+ * the lock's holder blocks signals. Raised from a handler, advice still
+ * works (the handler is not re-entered into a held lock). */
+static volatile sig_atomic_t in_handler_seq;
+static void on_usr1(int sig)
+{
+    (void)sig;
+    struct gg_advice a;
+    if (gg_advice_pending(&a))
+        in_handler_seq = (sig_atomic_t)a.seq;
+}
+
+static void test_signal_handler_reads_advice(void)
+{
+    setup(16, 1, 1);
+    signal(SIGUSR1, on_usr1);
+    raise_(GG_REASON_REFUSED);
+    gg_advice_signal(SIGUSR1);
+    CHECK_EQ_U64((unsigned)in_handler_seq, last().seq);
+    CHECK(gg_advice_handled(SIGUSR1));
+    signal(SIGUSR1, SIG_DFL);
+    CHECK(!gg_advice_handled(SIGUSR1));
 }
 
 static void *raiser(void *arg)
 {
     (void)arg;
     for (int i = 0; i < 1000; i++)
-        gg_advice_raise(0, GG_REASON_REFUSED);
+        raise_(GG_REASON_REFUSED);
     return NULL;
 }
 
 static void test_threads_one_pending(void)
 {
     setup(64, 1, 1);
-    gg_advice_raise(0, GG_REASON_REFUSED);
+    raise_(GG_REASON_REFUSED);
     unsigned before = last().seq;
     pthread_t t[8];
     for (int i = 0; i < 8; i++)
         pthread_create(&t[i], NULL, raiser, NULL);
     for (int i = 0; i < 8; i++)
         pthread_join(t[i], NULL);
-    struct gpuguard_advice a = last();
+    struct gg_advice a = last();
     CHECK_EQ_U64(a.seq, before + 8000);
     CHECK_EQ_U64(a.batch_size, 32);
 }
@@ -115,5 +152,7 @@ int main(void)
     RUN(test_at_min);
     RUN(test_unknown_batch);
     RUN(test_threads_one_pending);
+    RUN(test_policy_batch_and_raise_result);
+    RUN(test_signal_handler_reads_advice);
     return unit_done();
 }

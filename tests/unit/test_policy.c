@@ -1,5 +1,6 @@
-/* test_policy.c - policy files: sizes, keys, problems with FILE:LINE,
- * selection, environment overrides, limits (shim/policy.c). */
+/* test_policy.c - policy files: keys, problems with FILE:LINE, selection,
+ * environment overrides, limits (shim/policy.c, with values.c, settings.c and
+ * inifile.c beneath it). */
 #include "policy.h"
 #include "unit.h"
 
@@ -178,7 +179,7 @@ static void test_size_units(void)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct gg_size s = { 7, 7.0, true };
         const char *why = NULL;
-        int rc = gg_size_parse(cases[i].text, &s, &why);
+        int rc = gg_value_size(cases[i].text, &s, &why);
 
         if (rc != 0)
             printf("    '%s': %s\n", cases[i].text, why);
@@ -190,11 +191,11 @@ static void test_size_units(void)
         /* 2^64 bytes does not fit; one TiB less does. */
         struct gg_size s;
         const char *why = NULL;
-        CHECK(gg_size_parse("16777216 TiB", &s, &why) == -1);
+        CHECK(gg_value_size("16777216 TiB", &s, &why) == -1);
         CHECK_STR(why, "size too large");
-        CHECK(gg_size_parse("16777215 TiB", &s, &why) == 0);
+        CHECK(gg_value_size("16777215 TiB", &s, &why) == 0);
         CHECK_EQ_U64(s.bytes, 16777215ULL << 40);
-        CHECK(gg_size_parse("18446744073709551615", &s, &why) == 0);
+        CHECK(gg_value_size("18446744073709551615", &s, &why) == 0);
         CHECK_EQ_U64(s.bytes, UINT64_MAX);
     }
 }
@@ -213,7 +214,7 @@ static void test_size_percent(void)
         struct gg_size s = { 7, 7.0, false };
         const char *why = NULL;
 
-        CHECK(gg_size_parse(cases[i].text, &s, &why) == 0);
+        CHECK(gg_value_size(cases[i].text, &s, &why) == 0);
         CHECK(s.is_percent);
         CHECK(s.percent == cases[i].percent);
     }
@@ -263,7 +264,7 @@ static void test_size_malformed(void)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct gg_size s = { 7, 7.0, false };
         const char *why = NULL;
-        int rc = gg_size_parse(cases[i].text, &s, &why);
+        int rc = gg_value_size(cases[i].text, &s, &why);
 
         CHECK(rc == -1);
         CHECK(why != NULL);
@@ -272,7 +273,7 @@ static void test_size_malformed(void)
             printf("  '%s': why '%s', expected '%s...'\n", cases[i].text, why, cases[i].why);
         }
     }
-    CHECK(gg_size_parse(NULL, &(struct gg_size){ 0, 0, false }, NULL) == -1);
+    CHECK(gg_value_size(NULL, &(struct gg_size){ 0, 0, false }, NULL) == -1);
 }
 
 static void test_size_bytes(void)
@@ -300,24 +301,24 @@ static void test_defaults(void)
     memset(&p, 0xAB, sizeof p);
     gg_policy_defaults(&p);
     CHECK_STR(p.file, "");
-    CHECK_STR(p.match, "");
-    CHECK(!p.headroom.is_percent);
-    CHECK_EQ_U64(p.headroom.bytes, 0);
-    CHECK(p.near_miss.is_percent);
-    CHECK(p.near_miss.percent == 5.0);
-    CHECK(p.mode == GG_MODE_AUTO);
-    CHECK(p.enforce == GG_ENFORCE_RUNTIME);
-    CHECK(p.virtualize_meminfo);
-    CHECK(p.signal == SIGUSR2);
-    CHECK(p.batch_size == 0);
-    CHECK(p.grad_accum == 0);
-    CHECK(p.min_batch_size == 1);
-    CHECK_STR(p.journal_dir, ".");
-    CHECK(p.stacks == GG_STACKS_NEAR_MISS);
-    CHECK(p.depth == 32);
+    CHECK_STR(p.s.match, "");
+    CHECK(!p.s.headroom.is_percent);
+    CHECK_EQ_U64(p.s.headroom.bytes, 0);
+    CHECK(p.s.near_miss.is_percent);
+    CHECK(p.s.near_miss.percent == 5.0);
+    CHECK(p.s.mode == GG_MODE_AUTO);
+    CHECK(p.s.enforce == GG_ENFORCE_RUNTIME);
+    CHECK(p.s.virtualize_meminfo);
+    CHECK(p.s.signal == SIGUSR2);
+    CHECK(p.s.batch_size == 0);
+    CHECK(p.s.grad_accum == 0);
+    CHECK(p.s.min_batch_size == 1);
+    CHECK_STR(p.s.journal_dir, ".");
+    CHECK(p.s.stacks == GG_STACKS_NEAR_MISS);
+    CHECK(p.s.depth == 32);
     CHECK(!p.broken);
-    CHECK(p.headroom_line == 0);
-    CHECK(!p.headroom_from_env);
+    CHECK(p.line[GG_SET_headroom] == 0);
+    CHECK(!p.from_env[GG_SET_headroom]);
 }
 
 static void test_every_key(void)
@@ -351,21 +352,21 @@ static void test_every_key(void)
     dump(&rs);
     CHECK(!p.broken);
     CHECK_STR(p.file, path);
-    CHECK_STR(p.match, "NVIDIA Test GPU*, Other *");
-    CHECK(!p.headroom.is_percent);
-    CHECK_EQ_U64(p.headroom.bytes, 3 * GiB / 2);
-    CHECK(p.headroom_line == 6);
-    CHECK(p.near_miss.is_percent && p.near_miss.percent == 2.5);
-    CHECK(p.mode == GG_MODE_OBSERVE);
-    CHECK(p.enforce == GG_ENFORCE_ALL);
-    CHECK(!p.virtualize_meminfo);
-    CHECK(p.signal == SIGUSR1);
-    CHECK(p.batch_size == 8);
-    CHECK(p.grad_accum == 2);
-    CHECK(p.min_batch_size == 2);
-    CHECK_STR(p.journal_dir, "/var/tmp/gg journal");
-    CHECK(p.stacks == GG_STACKS_ALL);
-    CHECK(p.depth == 128);
+    CHECK_STR(p.s.match, "NVIDIA Test GPU*, Other *");
+    CHECK(!p.s.headroom.is_percent);
+    CHECK_EQ_U64(p.s.headroom.bytes, 3 * GiB / 2);
+    CHECK(p.line[GG_SET_headroom] == 6);
+    CHECK(p.s.near_miss.is_percent && p.s.near_miss.percent == 2.5);
+    CHECK(p.s.mode == GG_MODE_OBSERVE);
+    CHECK(p.s.enforce == GG_ENFORCE_ALL);
+    CHECK(!p.s.virtualize_meminfo);
+    CHECK(p.s.signal == SIGUSR1);
+    CHECK(p.s.batch_size == 8);
+    CHECK(p.s.grad_accum == 2);
+    CHECK(p.s.min_batch_size == 2);
+    CHECK_STR(p.s.journal_dir, "/var/tmp/gg journal");
+    CHECK(p.s.stacks == GG_STACKS_ALL);
+    CHECK(p.s.depth == 128);
 }
 
 /* Indentation, case, ':' separators, CRLF and a BOM are all fine. */
@@ -387,13 +388,13 @@ static void test_lenient_forms(void)
 
     CHECK(load_text("lenient.ini", text, &p, &rs, path, sizeof path) == 0);
     dump(&rs);
-    CHECK_STR(p.match, "A*");
-    CHECK(p.headroom.is_percent && p.headroom.percent == 10.0);
-    CHECK(p.headroom_line == 4);
-    CHECK_EQ_U64(p.near_miss.bytes, GiB);
-    CHECK(p.mode == GG_MODE_OBSERVE);
-    CHECK(p.stacks == GG_STACKS_NEAR_MISS);
-    CHECK(p.depth == 1);
+    CHECK_STR(p.s.match, "A*");
+    CHECK(p.s.headroom.is_percent && p.s.headroom.percent == 10.0);
+    CHECK(p.line[GG_SET_headroom] == 4);
+    CHECK_EQ_U64(p.s.near_miss.bytes, GiB);
+    CHECK(p.s.mode == GG_MODE_OBSERVE);
+    CHECK(p.s.stacks == GG_STACKS_NEAR_MISS);
+    CHECK(p.s.depth == 1);
 }
 
 static void test_enum_values(void)
@@ -420,9 +421,9 @@ static void test_enum_values(void)
 
         snprintf(text, sizeof text, "[memory]\n%s = %s\n", cases[i].key, cases[i].value);
         CHECK(load_text("enum.ini", text, &p, &rs, path, sizeof path) == 0);
-        got = strcmp(cases[i].key, "mode") == 0      ? (int)p.mode
-              : strcmp(cases[i].key, "enforce") == 0 ? (int)p.enforce
-                                                     : (int)p.virtualize_meminfo;
+        got = strcmp(cases[i].key, "mode") == 0      ? (int)p.s.mode
+              : strcmp(cases[i].key, "enforce") == 0 ? (int)p.s.enforce
+                                                     : (int)p.s.virtualize_meminfo;
         if (got != cases[i].expect) {
             unit_checks_failed++;
             printf("  %s = %s gave %d\n", cases[i].key, cases[i].value, got);
@@ -446,7 +447,7 @@ static void test_stacks_values(void)
 
         snprintf(text, sizeof text, "[journal]\nstacks = %s\n", cases[i].value);
         CHECK(load_text("stacks.ini", text, &p, &rs, path, sizeof path) == 0);
-        CHECK(p.stacks == cases[i].expect);
+        CHECK(p.s.stacks == (int)cases[i].expect);
     }
 }
 
@@ -480,9 +481,9 @@ static void test_signal_values(void)
 
         snprintf(text, sizeof text, "[trainer]\nsignal = %s\n", cases[i].value);
         CHECK(load_text("signal.ini", text, &p, &rs, path, sizeof path) == 0);
-        if (p.signal != cases[i].expect) {
+        if (p.s.signal != cases[i].expect) {
             unit_checks_failed++;
-            printf("  signal = %s gave %d\n", cases[i].value, p.signal);
+            printf("  signal = %s gave %d\n", cases[i].value, p.s.signal);
         }
     }
     {
@@ -493,7 +494,7 @@ static void test_signal_values(void)
 
         snprintf(text, sizeof text, "[trainer]\nsignal = %d\n", SIGRTMIN + 2);
         CHECK(load_text("signal.ini", text, &p, &rs, path, sizeof path) == 0);
-        CHECK(p.signal == SIGRTMIN + 2);
+        CHECK(p.s.signal == SIGRTMIN + 2);
     }
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char text[128], path[GG_PATH_MAX], want[256];
@@ -504,7 +505,7 @@ static void test_signal_values(void)
         CHECK(load_text("signal.ini", text, &p, &rs, path, sizeof path) == 1);
         snprintf(want, sizeof want, "[trainer] signal = '%s': %s", bad[i].value, bad[i].why);
         CHECK_REPORTED(&rs, path, 2, want);
-        CHECK(p.signal == SIGUSR2);
+        CHECK(p.s.signal == SIGUSR2);
     }
 }
 
@@ -592,12 +593,12 @@ static void test_problems_have_lines(void)
     CHECK_REPORTED(&rs, path, 26, "unexpected text after [memory]: 'junk'");
     CHECK_REPORTED(&rs, path, 27, "[memory] near_miss is given twice (first on line 9)");
     /* what was good was still read; what was bad kept its default */
-    CHECK_STR(p.match, "A*");
-    CHECK_EQ_U64(p.headroom.bytes, 0);
-    CHECK(p.near_miss.is_percent && p.near_miss.percent == 5.0);
-    CHECK(p.mode == GG_MODE_AUTO);
-    CHECK(p.signal == SIGUSR2);
-    CHECK(p.depth == 32);
+    CHECK_STR(p.s.match, "A*");
+    CHECK_EQ_U64(p.s.headroom.bytes, 0);
+    CHECK(p.s.near_miss.is_percent && p.s.near_miss.percent == 5.0);
+    CHECK(p.s.mode == GG_MODE_AUTO);
+    CHECK(p.s.signal == SIGUSR2);
+    CHECK(p.s.depth == 32);
 }
 
 /* Whole messages, as gpuguard-check prints them after FILE:LINE:. */
@@ -652,7 +653,7 @@ static void test_edge_lines(void)
     load_text("e.ini", "[memory]\nmode = observe\nbroken", &p, &rs, path, sizeof path);
     CHECK(rs.n == 1);
     CHECK_REPORTED(&rs, path, 3, "cannot parse 'broken'");
-    CHECK(p.mode == GG_MODE_OBSERVE);
+    CHECK(p.s.mode == GG_MODE_OBSERVE);
 
     /* 250 characters: inih's line is 200; the rest must not become a line. */
     len = (size_t)snprintf(text, sizeof text, "[journal]\ndir = /");
@@ -662,8 +663,8 @@ static void test_edge_lines(void)
     load_text("e.ini", text, &p, &rs, path, sizeof path);
     CHECK(rs.n == 1);
     CHECK_REPORTED(&rs, path, 2, "line too long (257 characters, at most 199)");
-    CHECK(p.depth == 7);
-    CHECK_STR(p.journal_dir, ".");
+    CHECK(p.s.depth == 7);
+    CHECK_STR(p.s.journal_dir, ".");
 
     /* a line of exactly 199 characters is fine */
     len = (size_t)snprintf(text, sizeof text, "[journal]\ndir = /");
@@ -671,7 +672,7 @@ static void test_edge_lines(void)
     len += 192;
     snprintf(text + len, sizeof text - len, "\n");
     CHECK(load_text("e.ini", text, &p, &rs, path, sizeof path) == 0);
-    CHECK(strlen(p.journal_dir) == 193);
+    CHECK(strlen(p.s.journal_dir) == 193);
 
     {
         static const char nul[] = "[memory]\nmode = off\0 tail\nnear_miss = 1%\n";
@@ -686,8 +687,8 @@ static void test_edge_lines(void)
         memset(&rs, 0, sizeof rs);
         CHECK(gg_policy_load(path, &p, collect, &rs) == 1);
         CHECK_REPORTED(&rs, path, 2, "line contains a NUL byte");
-        CHECK(p.mode == GG_MODE_AUTO);
-        CHECK(p.near_miss.percent == 1.0);
+        CHECK(p.s.mode == GG_MODE_AUTO);
+        CHECK(p.s.near_miss.percent == 1.0);
     }
 
     load_text("e.ini", "[gpu]\nmatch = A*, , B*\n", &p, &rs, path, sizeof path);
@@ -696,7 +697,7 @@ static void test_edge_lines(void)
     CHECK_REPORTED(&rs, path, 2, "[gpu] match = '': empty glob");
     load_text("e.ini", "[gpu]\nmatch = A* ; = B\n", &p, &rs, path, sizeof path);
     CHECK(rs.n == 0);
-    CHECK_STR(p.match, "A*");
+    CHECK_STR(p.s.match, "A*");
 }
 
 static void test_missing_and_unreadable(void)
@@ -711,7 +712,7 @@ static void test_missing_and_unreadable(void)
     CHECK(gg_policy_load(path, &p, collect, &rs) == 1);
     CHECK_REPORTED(&rs, path, 0, "cannot open policy file: No such file or directory");
     CHECK(p.broken);
-    CHECK(p.mode == GG_MODE_AUTO); /* the defaults, and the file named */
+    CHECK(p.s.mode == GG_MODE_AUTO); /* the defaults, and the file named */
     CHECK_STR(p.file, path);
 
     memset(&rs, 0, sizeof rs);
@@ -728,7 +729,7 @@ static void test_missing_and_unreadable(void)
         memset(&rs, 0, sizeof rs);
         CHECK(gg_policy_load(path, &p, collect, &rs) == 1);
         CHECK_REPORTED(&rs, path, 0, "cannot open policy file: Permission denied");
-        CHECK(p.mode == GG_MODE_ENFORCE);
+        CHECK(p.s.mode == GG_MODE_ENFORCE);
     } else {
         printf("  (unreadable file: skipped as root)\n");
     }
@@ -743,19 +744,19 @@ static void test_missing_and_unreadable(void)
 
 static void test_matches(void)
 {
-    CHECK(gg_policy_matches("NVIDIA GeForce RTX 3090*", "NVIDIA GeForce RTX 3090"));
-    CHECK(gg_policy_matches("NVIDIA GeForce RTX 3090*", "NVIDIA GeForce RTX 3090 Ti"));
-    CHECK(!gg_policy_matches("NVIDIA GeForce RTX 3090*", "nvidia geforce rtx 3090"));
-    CHECK(gg_policy_matches("  A , NVIDIA L4  ,B", "NVIDIA L4"));
-    CHECK(!gg_policy_matches("NVIDIA L4", "NVIDIA L40S"));
-    CHECK(gg_policy_matches("NVIDIA H100 80GB HBM3*, NVIDIA H100 PCIe*", "NVIDIA H100 PCIe"));
-    CHECK(gg_policy_matches("Tesla T?", "Tesla T4"));
-    CHECK(gg_policy_matches("NVIDIA A100-[SP]*-40GB*", "NVIDIA A100-PCIE-40GB"));
-    CHECK(!gg_policy_matches("", "anything"));
-    CHECK(!gg_policy_matches(",,", "anything"));
-    CHECK(!gg_policy_matches(NULL, "anything"));
-    CHECK(!gg_policy_matches("*", NULL));
-    CHECK(gg_policy_matches("*", ""));
+    CHECK(gg_globs_match("NVIDIA GeForce RTX 3090*", "NVIDIA GeForce RTX 3090"));
+    CHECK(gg_globs_match("NVIDIA GeForce RTX 3090*", "NVIDIA GeForce RTX 3090 Ti"));
+    CHECK(!gg_globs_match("NVIDIA GeForce RTX 3090*", "nvidia geforce rtx 3090"));
+    CHECK(gg_globs_match("  A , NVIDIA L4  ,B", "NVIDIA L4"));
+    CHECK(!gg_globs_match("NVIDIA L4", "NVIDIA L40S"));
+    CHECK(gg_globs_match("NVIDIA H100 80GB HBM3*, NVIDIA H100 PCIe*", "NVIDIA H100 PCIe"));
+    CHECK(gg_globs_match("Tesla T?", "Tesla T4"));
+    CHECK(gg_globs_match("NVIDIA A100-[SP]*-40GB*", "NVIDIA A100-PCIE-40GB"));
+    CHECK(!gg_globs_match("", "anything"));
+    CHECK(!gg_globs_match(",,", "anything"));
+    CHECK(!gg_globs_match(NULL, "anything"));
+    CHECK(!gg_globs_match("*", NULL));
+    CHECK(gg_globs_match("*", ""));
 }
 
 struct seen {
@@ -791,7 +792,7 @@ static void test_dir_each(void)
     snprintf(path, sizeof path, "%s/sub.ini", dir);
     mkdir(path, 0700);
     memset(&s, 0, sizeof s);
-    CHECK(gg_policy_dir_each(dir, remember, &s) == 0);
+    CHECK(gg_policy_dir_each(dir, remember, &s, NULL) == 0);
     CHECK(s.n == 4);
     CHECK_STR(s.names[0], "B.ini");
     CHECK_STR(s.names[1], "_x.ini");
@@ -802,12 +803,12 @@ static void test_dir_each(void)
     put(path, sizeof path, dir, "stop.ini", "");
     put(path, sizeof path, dir, "z.ini", "");
     memset(&s, 0, sizeof s);
-    CHECK(gg_policy_dir_each(dir, remember, &s) == 7);
+    CHECK(gg_policy_dir_each(dir, remember, &s, NULL) == 7);
     CHECK(s.n == 6);
 
     snprintf(path, sizeof path, "%s/none", dir);
     errno = 0;
-    CHECK(gg_policy_dir_each(path, remember, &s) == -1);
+    CHECK(gg_policy_dir_each(path, remember, &s, NULL) == -1);
     CHECK(errno == ENOENT);
 }
 
@@ -825,29 +826,29 @@ static void test_select_order(void)
     put(path, sizeof path, dir, ".old.ini", "[gpu]\nmatch = *\n");
 
     memset(&rs, 0, sizeof rs);
-    CHECK(gg_policy_select(dir, "NVIDIA X 1", &p, collect, &rs) == 0);
+    CHECK(gg_policy_select(dir, (const char *[]){"NVIDIA X 1"}, 1, &p, collect, &rs) == 0);
     snprintf(want, sizeof want, "%s/a-special.ini", dir);
     CHECK_STR(p.file, want);
-    CHECK(p.mode == GG_MODE_OFF);
+    CHECK(p.s.mode == GG_MODE_OFF);
 
-    CHECK(gg_policy_select(dir, "NVIDIA X 2", &p, collect, &rs) == 0);
+    CHECK(gg_policy_select(dir, (const char *[]){"NVIDIA X 2"}, 1, &p, collect, &rs) == 0);
     snprintf(want, sizeof want, "%s/b-generic.ini", dir);
     CHECK_STR(p.file, want);
-    CHECK(p.mode == GG_MODE_OBSERVE);
+    CHECK(p.s.mode == GG_MODE_OBSERVE);
 
-    CHECK(gg_policy_select(dir, "NVIDIA Y", &p, collect, &rs) == 0);
+    CHECK(gg_policy_select(dir, (const char *[]){"NVIDIA Y"}, 1, &p, collect, &rs) == 0);
     snprintf(want, sizeof want, "%s/c-other.ini", dir);
     CHECK_STR(p.file, want);
 
     /* default.ini is not tried in order, even though its match fits */
-    CHECK(gg_policy_select(dir, "Something Else", &p, collect, &rs) == 0);
+    CHECK(gg_policy_select(dir, (const char *[]){"Something Else"}, 1, &p, collect, &rs) == 0);
     snprintf(want, sizeof want, "%s/default.ini", dir);
     CHECK_STR(p.file, want);
-    CHECK(p.headroom.is_percent && p.headroom.percent == 10.0);
+    CHECK(p.s.headroom.is_percent && p.s.headroom.percent == 10.0);
 
     /* a trailing slash on the directory */
     snprintf(path, sizeof path, "%s/", dir);
-    CHECK(gg_policy_select(path, "NVIDIA X 2", &p, collect, &rs) == 0);
+    CHECK(gg_policy_select(path, (const char *[]){"NVIDIA X 2"}, 1, &p, collect, &rs) == 0);
     snprintf(want, sizeof want, "%s/b-generic.ini", dir);
     CHECK_STR(p.file, want);
     CHECK(rs.n == 0);
@@ -864,40 +865,40 @@ static void test_select_fallbacks(void)
     new_dir(dir, sizeof dir, "nodefault");
     put(path, sizeof path, dir, "x.ini", "[gpu]\nmatch = X\n[memory]\nmode = off\n");
     memset(&rs, 0, sizeof rs);
-    CHECK(gg_policy_select(dir, "Y", &p, collect, &rs) == 0);
+    CHECK(gg_policy_select(dir, (const char *[]){"Y"}, 1, &p, collect, &rs) == 0);
     CHECK_STR(p.file, "");
-    CHECK(p.mode == GG_MODE_AUTO);
+    CHECK(p.s.mode == GG_MODE_AUTO);
     CHECK(!p.broken);
 
     /* an empty directory */
     new_dir(dir, sizeof dir, "empty");
-    CHECK(gg_policy_select(dir, "Y", &p, collect, &rs) == 0);
+    CHECK(gg_policy_select(dir, (const char *[]){"Y"}, 1, &p, collect, &rs) == 0);
     CHECK_STR(p.file, "");
 
     /* no location at all */
-    CHECK(gg_policy_select(NULL, "Y", &p, collect, &rs) == 0);
-    CHECK(gg_policy_select("", "Y", &p, collect, &rs) == 0);
+    CHECK(gg_policy_select(NULL, (const char *[]){"Y"}, 1, &p, collect, &rs) == 0);
+    CHECK(gg_policy_select("", (const char *[]){"Y"}, 1, &p, collect, &rs) == 0);
     CHECK_STR(p.file, "");
     CHECK(rs.n == 0);
 
     /* a file is used for every device, whatever its match says */
     put(file, sizeof file, dir, "only.ini", "[gpu]\nmatch = Z\n[memory]\nmode = observe\n");
-    CHECK(gg_policy_select(file, "Y", &p, collect, &rs) == 0);
+    CHECK(gg_policy_select(file, (const char *[]){"Y"}, 1, &p, collect, &rs) == 0);
     CHECK_STR(p.file, file);
-    CHECK(p.mode == GG_MODE_OBSERVE);
+    CHECK(p.s.mode == GG_MODE_OBSERVE);
 
     /* a file given directly needs no match */
     put(file, sizeof file, dir, "plain.ini", "[memory]\nmode = off\n");
-    CHECK(gg_policy_select(file, "Y", &p, collect, &rs) == 0);
-    CHECK(p.mode == GG_MODE_OFF);
+    CHECK(gg_policy_select(file, (const char *[]){"Y"}, 1, &p, collect, &rs) == 0);
+    CHECK(p.s.mode == GG_MODE_OFF);
 
     /* a location that does not exist */
     snprintf(path, sizeof path, "%s/missing", dir);
-    CHECK(gg_policy_select(path, "Y", &p, collect, &rs) == 1);
+    CHECK(gg_policy_select(path, (const char *[]){"Y"}, 1, &p, collect, &rs) == 1);
     CHECK_REPORTED(&rs, path, 0, "cannot open policy file or directory: No such file");
     CHECK(p.broken);
     CHECK_STR(p.file, "");
-    CHECK(p.mode == GG_MODE_AUTO);
+    CHECK(p.s.mode == GG_MODE_AUTO);
 }
 
 static void test_select_problems(void)
@@ -915,14 +916,14 @@ static void test_select_problems(void)
 
     /* A matches first: a.ini's own problem is reported, nothing after it */
     memset(&rs, 0, sizeof rs);
-    CHECK(gg_policy_select(dir, "A", &p, collect, &rs) == 1);
+    CHECK(gg_policy_select(dir, (const char *[]){"A"}, 1, &p, collect, &rs) == 1);
     snprintf(path, sizeof path, "%s/a.ini", dir);
     CHECK_REPORTED(&rs, path, 4, "[memory] mode = 'bogus': bad value");
     CHECK(p.broken);
 
     /* Z: m.ini was tried on the way and has no match; z.ini's own problem */
     memset(&rs, 0, sizeof rs);
-    CHECK(gg_policy_select(dir, "Z", &p, collect, &rs) == 2);
+    CHECK(gg_policy_select(dir, (const char *[]){"Z"}, 1, &p, collect, &rs) == 2);
     CHECK_REPORTED(&rs, nomatch, 0, "no [gpu] match");
     CHECK_REPORTED(&rs, chosen, 4, "[trainer] batch_size = 'x': not an integer");
     CHECK(!reported(&rs, path, 4, "")); /* a.ini's problem is gpuguard-check's business */
@@ -930,17 +931,17 @@ static void test_select_problems(void)
 
     /* nothing matches: default.ini, with the no-match file reported */
     memset(&rs, 0, sizeof rs);
-    CHECK(gg_policy_select(dir, "Q", &p, collect, &rs) == 1);
+    CHECK(gg_policy_select(dir, (const char *[]){"Q"}, 1, &p, collect, &rs) == 1);
     snprintf(path, sizeof path, "%s/default.ini", dir);
     CHECK_STR(p.file, path);
-    CHECK(p.mode == GG_MODE_OBSERVE);
+    CHECK(p.s.mode == GG_MODE_OBSERVE);
     CHECK(p.broken);
 
     /* an unreadable file on the way is reported once, not as "no match" too */
     snprintf(dangling, sizeof dangling, "%s/b.ini", dir);
     CHECK(symlink("/nonexistent/policy.ini", dangling) == 0);
     memset(&rs, 0, sizeof rs);
-    CHECK(gg_policy_select(dir, "Q", &p, collect, &rs) == 2);
+    CHECK(gg_policy_select(dir, (const char *[]){"Q"}, 1, &p, collect, &rs) == 2);
     CHECK_REPORTED(&rs, dangling, 0, "cannot open policy file: No such file or directory");
     CHECK(!reported(&rs, dangling, 0, "no [gpu] match"));
     unlink(dangling);
@@ -949,7 +950,7 @@ static void test_select_problems(void)
     unlink(path);
     CHECK(symlink("/nonexistent/default.ini", path) == 0);
     memset(&rs, 0, sizeof rs);
-    CHECK(gg_policy_select(dir, "Q", &p, collect, &rs) == 2);
+    CHECK(gg_policy_select(dir, (const char *[]){"Q"}, 1, &p, collect, &rs) == 2);
     CHECK_REPORTED(&rs, path, 0, "cannot open policy file");
 
     /* gg_policy_check_member on its own */
@@ -958,75 +959,88 @@ static void test_select_problems(void)
     CHECK(gg_policy_check_member("dir/x.ini", &p, collect, &rs) == 1);
     CHECK_REPORTED(&rs, "dir/x.ini", 0, "no [gpu] match");
     CHECK(gg_policy_check_member("dir/default.ini", &p, collect, &rs) == 0);
-    snprintf(p.match, sizeof p.match, "X*");
+    snprintf(p.s.match, sizeof p.s.match, "X*");
     CHECK(gg_policy_check_member("dir/x.ini", &p, collect, &rs) == 0);
 }
 
 /* ------------------------------------------------------------------------ */
 /* Environment                                                               */
 
+/* Set (or, for NULL, unset) the variables a policy takes overrides from. */
+static void set_env(const char *mode, const char *headroom, const char *dir, const char *sig)
+{
+    const char *names[] = {"GPUGUARD_MODE", "GPUGUARD_HEADROOM", "GPUGUARD_JOURNAL_DIR",
+                           "GPUGUARD_SIGNAL"};
+    const char *values[] = {mode, headroom, dir, sig};
+    for (int i = 0; i < 4; i++) {
+        if (values[i])
+            setenv(names[i], values[i], 1);
+        else
+            unsetenv(names[i]);
+    }
+}
+
 static void test_env_overrides(void)
 {
     struct gg_policy p;
     struct reports rs;
-    struct gg_policy_env env = { "ignored", "observe", "2 GiB", "/tmp/j", "SIGUSR1" };
-    struct gg_policy_env none = { NULL, NULL, NULL, NULL, NULL };
-    struct gg_policy_env empty = { "", "", "", "", "" };
 
     gg_policy_defaults(&p);
-    p.headroom_line = 9;
+    p.line[GG_SET_headroom] = 9;
     memset(&rs, 0, sizeof rs);
-    CHECK(gg_policy_apply_env(&p, &env, collect, &rs) == 0);
-    CHECK(p.mode == GG_MODE_OBSERVE);
-    CHECK_EQ_U64(p.headroom.bytes, 2 * GiB);
-    CHECK(p.headroom_from_env);
-    CHECK(p.headroom_line == 0);
-    CHECK_STR(p.journal_dir, "/tmp/j");
-    CHECK(p.signal == SIGUSR1);
+    set_env("observe", "2 GiB", "/tmp/j", "SIGUSR1");
+    CHECK(gg_policy_apply_env(&p, collect, &rs) == 0);
+    CHECK(p.s.mode == GG_MODE_OBSERVE);
+    CHECK_EQ_U64(p.s.headroom.bytes, 2 * GiB);
+    CHECK(p.from_env[GG_SET_headroom]);
+    CHECK(p.line[GG_SET_headroom] == 0);
+    CHECK_STR(p.s.journal_dir, "/tmp/j");
+    CHECK(p.s.signal == SIGUSR1);
     CHECK(!p.broken);
 
     /* unset and empty change nothing */
-    CHECK(gg_policy_apply_env(&p, &none, collect, &rs) == 0);
-    CHECK(gg_policy_apply_env(&p, &empty, collect, &rs) == 0);
-    CHECK(gg_policy_apply_env(&p, NULL, collect, &rs) == 0);
-    CHECK(p.mode == GG_MODE_OBSERVE);
-    CHECK(p.signal == SIGUSR1);
+    set_env(NULL, NULL, NULL, NULL);
+    CHECK(gg_policy_apply_env(&p, collect, &rs) == 0);
+    set_env("", "", "", "");
+    CHECK(gg_policy_apply_env(&p, collect, &rs) == 0);
+    CHECK(p.s.mode == GG_MODE_OBSERVE);
+    CHECK(p.s.signal == SIGUSR1);
     CHECK(rs.n == 0);
 
-    env = (struct gg_policy_env){ NULL, " off ", "15%", NULL, "none" };
-    CHECK(gg_policy_apply_env(&p, &env, collect, &rs) == 0);
-    CHECK(p.mode == GG_MODE_OFF);
-    CHECK(p.headroom.is_percent && p.headroom.percent == 15.0);
-    CHECK(p.signal == 0);
-    env = (struct gg_policy_env){ NULL, "ENFORCE", NULL, NULL, "usr2" };
-    CHECK(gg_policy_apply_env(&p, &env, collect, &rs) == 0);
-    CHECK(p.mode == GG_MODE_ENFORCE);
-    CHECK(p.signal == SIGUSR2);
+    set_env(" off ", "15%", NULL, "none");
+    CHECK(gg_policy_apply_env(&p, collect, &rs) == 0);
+    CHECK(p.s.mode == GG_MODE_OFF);
+    CHECK(p.s.headroom.is_percent && p.s.headroom.percent == 15.0);
+    CHECK(p.s.signal == 0);
+    set_env("ENFORCE", NULL, NULL, "usr2");
+    CHECK(gg_policy_apply_env(&p, collect, &rs) == 0);
+    CHECK(p.s.mode == GG_MODE_ENFORCE);
+    CHECK(p.s.signal == SIGUSR2);
+    set_env(NULL, NULL, NULL, NULL);
 }
 
 static void test_env_bad_values(void)
 {
     struct gg_policy p;
     struct reports rs;
-    struct gg_policy_env env = { NULL, "loud", "-1 GiB", NULL, "SIGFOO" };
-
     gg_policy_defaults(&p);
     memset(&rs, 0, sizeof rs);
-    CHECK(gg_policy_apply_env(&p, &env, collect, &rs) == 3);
+    set_env("loud", "-1 GiB", NULL, "SIGFOO");
+    CHECK(gg_policy_apply_env(&p, collect, &rs) == 3);
     CHECK(p.broken);
     CHECK_REPORTED(&rs, "GPUGUARD_MODE", 0,
-                   "bad value 'loud' (expected auto, enforce, observe or off)");
+                   "'loud': bad value (expected auto, enforce, observe or off)");
     CHECK_REPORTED(&rs, "GPUGUARD_HEADROOM", 0, "'-1 GiB': negative size");
     CHECK_REPORTED(&rs, "GPUGUARD_SIGNAL", 0, "'SIGFOO': bad value (expected a signal name");
     /* the policy keeps what it had */
-    CHECK(p.mode == GG_MODE_AUTO);
-    CHECK_EQ_U64(p.headroom.bytes, 0);
-    CHECK(!p.headroom_from_env);
-    CHECK(p.signal == SIGUSR2);
+    CHECK(p.s.mode == GG_MODE_AUTO);
+    CHECK_EQ_U64(p.s.headroom.bytes, 0);
+    CHECK(!p.from_env[GG_SET_headroom]);
+    CHECK(p.s.signal == SIGUSR2);
 
-    env = (struct gg_policy_env){ NULL, NULL, "200%", NULL, "9" };
+    set_env(NULL, "200%", NULL, "9");
     memset(&rs, 0, sizeof rs);
-    CHECK(gg_policy_apply_env(&p, &env, collect, &rs) == 2);
+    CHECK(gg_policy_apply_env(&p, collect, &rs) == 2);
     CHECK_REPORTED(&rs, "GPUGUARD_HEADROOM", 0, "'200%': percentage over 100");
     CHECK_REPORTED(&rs, "GPUGUARD_SIGNAL", 0, "'9': not a signal for advice");
 
@@ -1034,13 +1048,14 @@ static void test_env_bad_values(void)
         char longdir[GG_PATH_MAX + 10];
         memset(longdir, 'd', sizeof longdir - 1);
         longdir[sizeof longdir - 1] = '\0';
-        env = (struct gg_policy_env){ NULL, NULL, "1 GiB B", longdir, NULL };
+        set_env(NULL, "1 GiB B", longdir, NULL);
         memset(&rs, 0, sizeof rs);
-        CHECK(gg_policy_apply_env(&p, &env, collect, &rs) == 2);
+        CHECK(gg_policy_apply_env(&p, collect, &rs) == 2);
         CHECK_REPORTED(&rs, "GPUGUARD_HEADROOM", 0, "malformed size: unknown unit");
         CHECK_REPORTED(&rs, "GPUGUARD_JOURNAL_DIR", 0, "too long");
-        CHECK_STR(p.journal_dir, ".");
+        CHECK_STR(p.s.journal_dir, ".");
     }
+    set_env(NULL, NULL, NULL, NULL);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1056,14 +1071,14 @@ static void test_limit(void)
     memset(&rs, 0, sizeof rs);
     CHECK_EQ_U64(gg_policy_limit(&p, 24 * GiB, collect, &rs), 24 * GiB); /* headroom 0 */
 
-    p.headroom = (struct gg_size){ 0, 10.0, true };
+    p.s.headroom = (struct gg_size){ 0, 10.0, true };
     CHECK_EQ_U64(gg_policy_limit(&p, 24 * GiB, collect, &rs), 24 * GiB - 2576980377ULL);
     CHECK_EQ_U64(gg_policy_limit(&p, 80 * GiB, collect, &rs), 72 * GiB);
-    p.headroom = (struct gg_size){ 0, 100.0, true };
+    p.s.headroom = (struct gg_size){ 0, 100.0, true };
     CHECK_EQ_U64(gg_policy_limit(&p, 24 * GiB, collect, &rs), 0);
-    p.headroom = (struct gg_size){ 3 * GiB / 2, 0, false };
+    p.s.headroom = (struct gg_size){ 3 * GiB / 2, 0, false };
     CHECK_EQ_U64(gg_policy_limit(&p, 24 * GiB, collect, &rs), 45 * GiB / 2);
-    p.headroom = (struct gg_size){ 24 * GiB, 0, false };
+    p.s.headroom = (struct gg_size){ 24 * GiB, 0, false };
     CHECK_EQ_U64(gg_policy_limit(&p, 24 * GiB, collect, &rs), 0); /* equal: not larger */
     CHECK(rs.n == 0);
 
@@ -1071,7 +1086,7 @@ static void test_limit(void)
     load_text("big.ini", "[gpu]\nmatch = X\n\n[memory]\nheadroom = 30 GiB\n", &p, &rs, path,
               sizeof path);
     CHECK(rs.n == 0);
-    CHECK(p.headroom_line == 5);
+    CHECK(p.line[GG_SET_headroom] == 5);
     CHECK_EQ_U64(gg_policy_limit(&p, 24 * GiB, collect, &rs), 24 * GiB);
     CHECK(rs.n == 1);
     CHECK_REPORTED(&rs, path, 5, "headroom 30.00 GiB (32212254720 bytes) is larger than the "
@@ -1083,8 +1098,9 @@ static void test_limit(void)
 
     /* from GPUGUARD_HEADROOM: reported under the variable's name */
     {
-        struct gg_policy_env env = { NULL, NULL, "100 GiB", NULL, NULL };
-        CHECK(gg_policy_apply_env(&p, &env, collect, &rs) == 0);
+        set_env(NULL, "100 GiB", NULL, NULL);
+        CHECK(gg_policy_apply_env(&p, collect, &rs) == 0);
+        set_env(NULL, NULL, NULL, NULL);
         memset(&rs, 0, sizeof rs);
         CHECK_EQ_U64(gg_policy_limit(&p, 80 * GiB, collect, &rs), 80 * GiB);
         CHECK_REPORTED(&rs, "GPUGUARD_HEADROOM", 0, "is larger than the device");
@@ -1100,10 +1116,10 @@ static void test_near_miss(void)
     gg_policy_defaults(&p);
     CHECK_EQ_U64(gg_policy_near_miss(&p, 80 * GiB), 4 * GiB); /* 5% */
     CHECK_EQ_U64(gg_policy_near_miss(&p, 1000), 50);
-    p.near_miss = (struct gg_size){ 512 * MiB, 0, false };
+    p.s.near_miss = (struct gg_size){ 512 * MiB, 0, false };
     CHECK_EQ_U64(gg_policy_near_miss(&p, 24 * GiB), 512 * MiB);
     CHECK_EQ_U64(gg_policy_near_miss(&p, 100 * MiB), 100 * MiB); /* never more than total */
-    p.near_miss = (struct gg_size){ 0, 0.0, true };
+    p.s.near_miss = (struct gg_size){ 0, 0.0, true };
     CHECK_EQ_U64(gg_policy_near_miss(&p, 24 * GiB), 0);
 }
 
@@ -1174,7 +1190,7 @@ static void test_shipped_policies(void)
         const char *base;
 
         memset(&rs, 0, sizeof rs);
-        CHECK(gg_policy_select(dir, cases[i].name, &p, collect, &rs) == 0);
+        CHECK(gg_policy_select(dir, (const char *[]){cases[i].name}, 1, &p, collect, &rs) == 0);
         dump(&rs);
         base = strrchr(p.file, '/');
         base = base ? base + 1 : p.file;
@@ -1183,7 +1199,7 @@ static void test_shipped_policies(void)
             printf("  %s got %s, expected %s\n", cases[i].name, p.file, cases[i].file);
         }
         CHECK(!p.broken);
-        CHECK(p.headroom.is_percent && p.headroom.percent == 10.0);
+        CHECK(p.s.headroom.is_percent && p.s.headroom.percent == 10.0);
     }
 }
 

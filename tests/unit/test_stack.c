@@ -1,4 +1,5 @@
-/* test_stack.c - capture, site table, accounting and symbolization (stack.c).
+/* test_stack.c - stacks captured as sites (stack.c over unwind.c and sites.c):
+ * the caller first, the shim's frames dropped, depth, threads, fork.
  *
  * stack.c is linked into this binary, so the "shim object" whose frames a
  * capture drops would be the whole test. The tests instead declare the
@@ -16,8 +17,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "json.h"
+#include "sites.h"
 #include "stack.h"
+#include "symbolize.h"
+#include "unwind.h"
 #include "unit.h"
 
 #define NOINLINE __attribute__((noipa))
@@ -35,7 +38,7 @@ gg_site gg_test_site_b(int dev);
 static void use_hook_ranges(void)
 {
     uintptr_t lo = (uintptr_t)__start_gg_test_hook, hi = (uintptr_t)__stop_gg_test_hook;
-    gg_stack_test_self(&lo, &hi, 1);
+    gg_unwind_test_self(&lo, &hi, 1);
 }
 
 /* ---- the pretend shim ------------------------------------------------------ */
@@ -65,13 +68,6 @@ HOOK static gg_site hook_cuda_malloc(int dev, uintptr_t *ret)
 /* ---- the pretend application ---------------------------------------------- */
 
 NOINLINE gg_site gg_test_named_caller(int dev, uintptr_t *ret)
-{
-    gg_site s = hook_cuda_malloc(dev, ret);
-    BARRIER();
-    return s;
-}
-
-NOINLINE static gg_site static_caller(int dev, uintptr_t *ret)
 {
     gg_site s = hook_cuda_malloc(dev, ret);
     BARRIER();
@@ -114,17 +110,6 @@ NOINLINE static gg_site via(gg_site (*fn)(int), int dev)
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-static char exe_path[PATH_MAX];
-
-static const char *exe(void)
-{
-    if (!exe_path[0]) {
-        ssize_t n = readlink("/proc/self/exe", exe_path, sizeof exe_path - 1);
-        exe_path[n > 0 ? n : 0] = '\0';
-    }
-    return exe_path;
-}
-
 struct main_map { uintptr_t load, first_vaddr, text_lo, text_hi; };
 
 static int main_map_cb(struct dl_phdr_info *info, size_t size, void *arg)
@@ -161,12 +146,12 @@ static struct main_map main_map(void)
 static void test_none_and_junk(void)
 {
     const uintptr_t *ips = (const uintptr_t *)1;
-    CHECK_EQ_U64(gg_stack_frames(GG_SITE_NONE, &ips), 0);
+    CHECK_EQ_U64(gg_sites_native(GG_SITE_NONE, &ips), 0);
     CHECK(ips == NULL);
-    CHECK_EQ_U64(gg_stack_frames(0xfffffff0u, &ips), 0);
-    gg_site_charge(GG_SITE_NONE, 100, 1);
-    gg_site_charge(0xfffffff0u, 100, 1);
-    CHECK(gg_site_device(GG_SITE_NONE) == -1);
+    CHECK_EQ_U64(gg_sites_native(0xfffffff0u, &ips), 0);
+    gg_sites_charge(GG_SITE_NONE, 100, 1);
+    gg_sites_charge(0xfffffff0u, 100, 1);
+    CHECK(gg_sites_device(GG_SITE_NONE) == -1);
     CHECK_EQ_U64(gg_stack_capture(0, 0), GG_SITE_NONE);
     CHECK_EQ_U64(gg_stack_capture(0, -3), GG_SITE_NONE);
     gg_stack_warmup();
@@ -175,7 +160,7 @@ static void test_none_and_junk(void)
 
 static void test_same_site(void)
 {
-    size_t before = gg_stack_sites();
+    size_t before = gg_sites_count();
     gg_site first = GG_SITE_NONE;
     int same = 0;
     for (int i = 0; i < 1000; i++) {
@@ -186,14 +171,14 @@ static void test_same_site(void)
     }
     CHECK(first != GG_SITE_NONE);
     CHECK_EQ_U64(same, 1000);
-    CHECK_EQ_U64(gg_stack_sites(), before + 1);
-    CHECK(gg_site_device(first) == 0);
+    CHECK_EQ_U64(gg_sites_count(), before + 1);
+    CHECK(gg_sites_device(first) == 0);
 }
 
 /* A call made from the same line each time: the whole stack is the same. */
 static void test_two_sites(void)
 {
-    size_t before = gg_stack_sites();
+    size_t before = gg_sites_count();
     gg_site a[2], b[2];
     for (int i = 0; i < 2; i++) {
         a[i] = via(gg_test_site_a, 3);
@@ -203,7 +188,7 @@ static void test_two_sites(void)
     CHECK(a[0] != b[0]);
     CHECK_EQ_U64(a[1], a[0]);
     CHECK_EQ_U64(b[1], b[0]);
-    CHECK_EQ_U64(gg_stack_sites(), before + 2);
+    CHECK_EQ_U64(gg_sites_count(), before + 2);
 }
 
 static void test_two_devices(void)
@@ -213,10 +198,10 @@ static void test_two_devices(void)
         d[dev] = via(gg_test_site_a, dev);
     CHECK(d[0] != GG_SITE_NONE && d[1] != GG_SITE_NONE);
     CHECK(d[0] != d[1]);
-    CHECK(gg_site_device(d[0]) == 0);
-    CHECK(gg_site_device(d[1]) == 1);
+    CHECK(gg_sites_device(d[0]) == 0);
+    CHECK(gg_sites_device(d[1]) == 1);
     const uintptr_t *f0, *f1;
-    size_t n0 = gg_stack_frames(d[0], &f0), n1 = gg_stack_frames(d[1], &f1);
+    size_t n0 = gg_sites_native(d[0], &f0), n1 = gg_sites_native(d[1], &f1);
     CHECK_EQ_U64(n0, n1);
     CHECK(n0 > 0 && memcmp(f0, f1, n0 * sizeof *f0) == 0);
 }
@@ -226,7 +211,7 @@ static void test_first_frame_is_caller(void)
     uintptr_t ret = 0;
     gg_site s = gg_test_named_caller(0, &ret);
     const uintptr_t *ips;
-    size_t n = gg_stack_frames(s, &ips);
+    size_t n = gg_sites_native(s, &ips);
     CHECK(n >= 2);
     /* Frame 0: where the outer hook returns to, in gg_test_named_caller;
      * neither the hooks nor gg_stack_capture nor libunwind show. */
@@ -243,12 +228,12 @@ static void test_default_self_range(void)
 {
     /* Without the test's ranges the whole test binary is "the shim": every
      * frame of it is dropped and the first kept is the C library's. */
-    gg_stack_test_self(NULL, NULL, 0);
+    gg_unwind_test_self(NULL, NULL, 0);
     gg_site s = gg_test_named_caller(0, NULL);
     use_hook_ranges();
     struct main_map m = main_map();
     const uintptr_t *ips;
-    size_t n = gg_stack_frames(s, &ips);
+    size_t n = gg_sites_native(s, &ips);
     CHECK(s != GG_SITE_NONE);
     CHECK(n >= 1);
     if (n >= 1) {
@@ -266,32 +251,32 @@ static void test_depth(void)
 
     hook_depth = 5;
     gg_site s = recurse(60, 0, &ret);
-    CHECK_EQ_U64(gg_stack_frames(s, &ips), 5);
+    CHECK_EQ_U64(gg_sites_native(s, &ips), 5);
     CHECK(ips[0] == ret);
     for (int i = 1; i < 5; i++)   /* all inside recurse: one return address */
         CHECK(ips[i] == ips[1]);
 
     hook_depth = 40;
     s = recurse(60, 0, &ret);
-    CHECK_EQ_U64(gg_stack_frames(s, &ips), 40);
+    CHECK_EQ_U64(gg_sites_native(s, &ips), 40);
     CHECK(ips[0] == ret);
 
-    /* More than GG_STACK_MAX_DEPTH asked: that many kept. */
+    /* More than GG_UNWIND_MAX asked: that many kept. */
     hook_depth = 1000;
     s = recurse(200, 0, &ret);
-    CHECK_EQ_U64(gg_stack_frames(s, &ips), GG_STACK_MAX_DEPTH);
+    CHECK_EQ_U64(gg_sites_native(s, &ips), GG_UNWIND_MAX);
     CHECK(ips[0] == ret);
 
     /* A shallow stack: all of it, fewer than asked. */
     hook_depth = 100;
     s = recurse(0, 0, &ret);
-    size_t n = gg_stack_frames(s, &ips);
+    size_t n = gg_sites_native(s, &ips);
     CHECK(n > 2 && n < 20);
 
     /* Depth 1: the caller alone; the same for any caller in recurse. */
     hook_depth = 1;
     gg_site a = recurse(3, 0, &ret), b = recurse(10, 0, NULL);
-    CHECK_EQ_U64(gg_stack_frames(a, &ips), 1);
+    CHECK_EQ_U64(gg_sites_native(a, &ips), 1);
     CHECK(ips[0] == ret);
     CHECK_EQ_U64(a, b);
     hook_depth = saved;
@@ -319,173 +304,11 @@ static void test_deep_shim(void)
     uintptr_t ret;
     gg_site s = deep_shim_caller(&ret);
     const uintptr_t *ips;
-    CHECK_EQ_U64(gg_stack_frames(s, &ips), 4);
+    CHECK_EQ_U64(gg_sites_native(s, &ips), 4);
     Dl_info di;
     CHECK(dladdr((void *)(ips[0] - 1), &di));
     /* Frame 0 is in deep_shim_caller, frame 1 here. */
     CHECK(ips[1] == ret);
-}
-
-static void test_charge_top(void)
-{
-    uintptr_t f[3] = { 0x1000, 0x2000, 0x3000 };
-    gg_site a = gg_stack_intern(7, f, 1), b = gg_stack_intern(7, f, 2),
-            c = gg_stack_intern(7, f, 3), d = gg_stack_intern(8, f, 3);
-    CHECK(a && b && c && d);
-    CHECK(a != b && b != c && c != d);
-    CHECK_EQ_U64(gg_stack_intern(7, f, 2), b);
-    CHECK(gg_site_device(d) == 8);
-
-    struct gg_site_usage top[8];
-    CHECK_EQ_U64(gg_site_top(7, top, 8), 0);
-
-    gg_site_charge(a, 100, 1);
-    gg_site_charge(b, 300, 2);
-    gg_site_charge(c, 200, 1);
-    gg_site_charge(d, 1000, 5);
-    gg_site_charge(c, 50, 1);
-    gg_site_charge(c, -50, -1);
-
-    size_t n = gg_site_top(7, top, 8);
-    CHECK_EQ_U64(n, 3);
-    CHECK_EQ_U64(top[0].site, b);
-    CHECK_EQ_U64(top[0].bytes, 300);
-    CHECK_EQ_U64(top[0].allocs, 2);
-    CHECK_EQ_U64(top[1].site, c);
-    CHECK_EQ_U64(top[1].bytes, 200);
-    CHECK_EQ_U64(top[2].site, a);
-    CHECK_EQ_U64(top[2].bytes, 100);
-
-    n = gg_site_top(7, top, 2);   /* only the two largest */
-    CHECK_EQ_U64(n, 2);
-    CHECK_EQ_U64(top[0].site, b);
-    CHECK_EQ_U64(top[1].site, c);
-
-    n = gg_site_top(8, top, 8);   /* the other device */
-    CHECK_EQ_U64(n, 1);
-    CHECK_EQ_U64(top[0].site, d);
-    CHECK_EQ_U64(top[0].bytes, 1000);
-    CHECK_EQ_U64(top[0].allocs, 5);
-    CHECK_EQ_U64(gg_site_top(9, top, 8), 0);
-    CHECK_EQ_U64(gg_site_top(8, top, 0), 0);
-
-    /* Released memory leaves the list; ties keep the older site first. */
-    gg_site_charge(b, -300, -2);
-    gg_site_charge(a, 100, 0);
-    n = gg_site_top(7, top, 8);
-    CHECK_EQ_U64(n, 2);
-    CHECK_EQ_U64(top[0].site, a);
-    CHECK_EQ_U64(top[1].site, c);
-
-    /* Many sites, few asked for: still the largest, in order. */
-    uintptr_t g[2] = { 0x5000, 0 };
-    for (uintptr_t i = 1; i <= 200; i++) {
-        g[1] = i;
-        gg_site s = gg_stack_intern(11, g, 2);
-        gg_site_charge(s, (int64_t)((i * 37) % 200 + 1), 1);   /* 1..200, each once */
-    }
-    n = gg_site_top(11, top, 5);
-    CHECK_EQ_U64(n, 5);
-    for (size_t i = 0; i < n; i++)
-        CHECK_EQ_U64(top[i].bytes, 200 - i);
-
-    gg_site_charge(a, -200, -1);
-    gg_site_charge(c, -200, -1);
-    gg_site_charge(d, -1000, -5);
-}
-
-static void test_symbolize(void)
-{
-    uintptr_t ret;
-    gg_site s = gg_test_named_caller(0, &ret);
-    const uintptr_t *ips;
-    CHECK(gg_stack_frames(s, &ips) >= 1);
-    struct gg_frame_info fi, again;
-    CHECK(gg_stack_symbolize(ips[0], &fi));
-    CHECK_STR(fi.sym, "gg_test_named_caller");
-    CHECK_STR(fi.module, exe());
-    CHECK(fi.has_off);
-    CHECK_EQ_U64(fi.off, ips[0] - (uintptr_t)&gg_test_named_caller);
-    /* Cached: the same strings come back. */
-    CHECK(gg_stack_symbolize(ips[0], &again));
-    CHECK(again.sym == fi.sym && again.module == fi.module && again.off == fi.off);
-
-    /* A static function: not in the dynamic symbol table, named from the
-     * ELF symbol table by libunwind. */
-    s = static_caller(0, &ret);
-    CHECK(gg_stack_frames(s, &ips) >= 1);
-    CHECK(gg_stack_symbolize(ips[0], &fi));
-    CHECK_STR(fi.sym, "static_caller");
-    CHECK(fi.has_off);
-    CHECK_EQ_U64(fi.off, ips[0] - (uintptr_t)&static_caller);
-
-    /* No symbol covers the ELF header: module and offset from its base. */
-    struct main_map m = main_map();
-    uintptr_t header = m.load + m.first_vaddr + 0x10;
-    CHECK(gg_stack_symbolize(header, &fi));
-    CHECK(fi.sym == NULL);
-    CHECK_STR(fi.module, exe());
-    CHECK(fi.has_off);
-    CHECK_EQ_U64(fi.off, m.first_vaddr + 0x10);
-
-    /* No module at all (anonymous memory, like JIT code). */
-    char *anon = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    CHECK(anon != MAP_FAILED);
-    CHECK(gg_stack_symbolize((uintptr_t)anon + 64, &fi));
-    CHECK(fi.module == NULL && fi.sym == NULL && !fi.has_off);
-
-    /* A library function, named through dladdr (libc's, or a sanitizer's
-     * interceptor of the same name). dlsym is not used: the shim's core
-     * archive defines its own. */
-    CHECK(gg_stack_symbolize((uintptr_t)&getppid + 4, &fi));
-    CHECK(fi.module != NULL);
-    CHECK_STR(fi.sym, "getppid");
-    CHECK_EQ_U64(fi.off, 4);
-    munmap(anon, 4096);
-}
-
-static void test_json(void)
-{
-    uintptr_t ret;
-    gg_test_named_caller(0, &ret);
-    struct main_map m = main_map();
-    uintptr_t f[3] = { ret, m.load + m.first_vaddr + 0x10, 0 };
-    char *anon = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    f[2] = (uintptr_t)anon + 8;
-    gg_site s = gg_stack_intern(0, f, 3);
-    CHECK(s != GG_SITE_NONE);
-    int failed_before = unit_checks_failed;
-
-    char buf[256], want[PATH_MAX + 256];
-    struct gg_json j;
-    gg_json_init(&j, buf, sizeof buf);
-    gg_json_obj(&j);
-    gg_json_key(&j, "stack");
-    gg_stack_json(&j, s);
-    gg_json_obj_end(&j);
-    CHECK(!j.failed);
-    CHECK(j.buf && j.buf[0] == '{');
-
-    snprintf(want, sizeof want, "{\"stack\":[{\"ip\":\"0x%llx\",\"module\":\"%s\",\"sym\":\"gg_test_named_caller\",\"off\":%llu},",
-             (unsigned long long)ret, exe(),
-             (unsigned long long)(ret - (uintptr_t)&gg_test_named_caller));
-    CHECK(j.buf && strncmp(j.buf, want, strlen(want)) == 0);
-    snprintf(want, sizeof want, "{\"ip\":\"0x%llx\",\"module\":\"%s\",\"sym\":null,\"off\":%llu},",
-             (unsigned long long)f[1], exe(), (unsigned long long)(m.first_vaddr + 0x10));
-    CHECK(j.buf && strstr(j.buf, want));
-    snprintf(want, sizeof want, "{\"ip\":\"0x%llx\",\"module\":null,\"sym\":null,\"off\":null}]}",
-             (unsigned long long)f[2]);
-    CHECK(j.buf && strstr(j.buf, want));
-    if (unit_checks_failed != failed_before)
-        printf("  json: %s\n", j.buf ? j.buf : "(null)");
-    gg_json_free(&j);
-
-    /* No site: an empty array. */
-    gg_json_init(&j, buf, sizeof buf);
-    gg_stack_json(&j, GG_SITE_NONE);
-    CHECK_STR(j.buf, "[]");
-    gg_json_free(&j);
-    munmap(anon, 4096);
 }
 
 /* ---- threads ----------------------------------------------------------------- */
@@ -521,23 +344,23 @@ static void *worker_main(void *arg)
             w->own = o;
         }
         w->bad += s != w->same || o != w->own || s == GG_SITE_NONE || o == GG_SITE_NONE;
-        gg_site_charge(s, 10, 1);
-        gg_site_charge(s, -10, -1);
+        gg_sites_charge(s, 10, 1);
+        gg_sites_charge(s, -10, -1);
     }
     /* Everyone interns the same synthetic stacks, in different orders. */
     uintptr_t f[3] = { 0xabc000, 0, 0xdef000 };
     for (int k = 0; k < SHARED_STACKS; k++) {
         int i = (k * 7 + w->index * 13) % SHARED_STACKS;
         f[1] = (uintptr_t)i + 1;
-        w->shared[i] = gg_stack_intern(5, f, 3);
+        w->shared[i] = gg_sites_intern(5, f, 3, NULL, 0);
     }
     /* And symbolizes the same frames. */
     const uintptr_t *ips;
-    size_t n = gg_stack_frames(w->same, &ips);
+    size_t n = gg_sites_native(w->same, &ips);
     struct gg_frame_info fi;
-    w->sym = n && gg_stack_symbolize(ips[0], &fi) ? fi.sym : NULL;
+    w->sym = n && gg_symbolize(ips[0], &fi) ? fi.sym : NULL;
     for (size_t i = 0; i < n; i++)
-        w->bad += !gg_stack_symbolize(ips[i], &fi);
+        w->bad += !gg_symbolize(ips[i], &fi);
     pthread_barrier_wait(&workers_done);
     for (;;)
         pause();
@@ -584,34 +407,7 @@ static void test_threads(void)
             }
     }
     struct gg_site_usage top[4];
-    CHECK_EQ_U64(gg_site_top(2, top, 4), 0);   /* every charge was undone */
-}
-
-static void test_full_table(void)
-{
-    gg_site old = via(gg_test_site_a, 0);
-    size_t have = gg_stack_sites();
-    gg_stack_test_limit(have + 2);
-    uintptr_t f[2] = { 0x777000, 0 };
-    f[1] = 1;
-    gg_site s1 = gg_stack_intern(0, f, 2);
-    f[1] = 2;
-    gg_site s2 = gg_stack_intern(0, f, 2);
-    f[1] = 3;
-    gg_site s3 = gg_stack_intern(0, f, 2);
-    CHECK(s1 != GG_SITE_NONE && s2 != GG_SITE_NONE);
-    CHECK_EQ_U64(s3, GG_SITE_NONE);
-    CHECK_EQ_U64(gg_stack_sites(), have + 2);
-    /* A new captured stack gets no site; known ones still do. */
-    CHECK_EQ_U64(recurse(77, 0, NULL), GG_SITE_NONE);
-    CHECK(old != GG_SITE_NONE);
-    CHECK_EQ_U64(via(gg_test_site_a, 0), old);
-    f[1] = 1;
-    CHECK_EQ_U64(gg_stack_intern(0, f, 2), s1);
-    gg_site_charge(GG_SITE_NONE, 5, 1);
-    gg_stack_test_limit(0);
-    CHECK(recurse(77, 0, NULL) != GG_SITE_NONE);
-    CHECK_EQ_U64(gg_stack_sites(), have + 3);
+    CHECK_EQ_U64(gg_sites_top(2, top, 4), 0);   /* every charge was undone */
 }
 
 static void test_fork(void)
@@ -621,7 +417,7 @@ static void test_fork(void)
     if (pid == 0) {
         uintptr_t f[1] = { 0x4242000 };
         int ok = before != GG_SITE_NONE && via(gg_test_site_a, 0) == before &&
-                 gg_stack_intern(0, f, 1) != GG_SITE_NONE && gg_test_site_b(4) != GG_SITE_NONE;
+                 gg_sites_intern(0, f, 1, NULL, 0) != GG_SITE_NONE && gg_test_site_b(4) != GG_SITE_NONE;
         _exit(ok ? 0 : 1);
     }
     CHECK(pid > 0);
@@ -641,11 +437,7 @@ int main(void)
     RUN(test_default_self_range);
     RUN(test_depth);
     RUN(test_deep_shim);
-    RUN(test_charge_top);
-    RUN(test_symbolize);
-    RUN(test_json);
     RUN(test_threads);
-    RUN(test_full_table);
     RUN(test_fork);
     return unit_done();
 }

@@ -3,14 +3,16 @@
  *   gpuguard-check [--policy FILE|DIR]   list each GPU, its policy and limit
  *   gpuguard-check --lint FILE|DIR...    validate policies; exit 1 on a problem
  *
- * Shares the shim's policy code (shim/policy.c). The CUDA driver is loaded at
- * run time with dlopen("libcuda.so.1"): nothing here needs libcuda to link.
+ * Shares the shim's code: its settings table and policy reader (layer 2) and
+ * its driver probe (layer 3), so a policy means here exactly what it means in
+ * the shim. The CUDA driver is loaded at run time with dlopen("libcuda.so.1"):
+ * nothing here needs libcuda to link.
  * Exit status: 0 clean, 1 a policy problem, 2 usage or no usable driver.
  */
+#include "driver.h"
 #include "policy.h"
+#include "settings.h"
 
-#include <cuda.h>
-#include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -33,8 +35,7 @@ static const char gg_usage[] =
     "Without --lint: lists each GPU (through libcuda.so.1) with the policy it gets,\n"
     "its mode, headroom and limit, and the trainer's batch and accumulation; the\n"
     "policies come from --policy, else GPUGUARD_POLICY, else the ones installed\n"
-    "beside this program. GPUGUARD_MODE, GPUGUARD_HEADROOM, GPUGUARD_JOURNAL_DIR and\n"
-    "GPUGUARD_SIGNAL apply as they do in the shim.\n"
+    "beside this program. The GPUGUARD_* variables apply as they do in the shim.\n"
     "\n"
     "--lint: checks each policy file (each *.ini of a directory) and prints\n"
     "FILE:LINE: message for every problem, including a GPU name that two files of\n"
@@ -74,38 +75,58 @@ static const char *const gg_known_names[] = {
 /* ------------------------------------------------------------------------ */
 /* Problems                                                                  */
 
-/* Prints each problem once; counts them. */
+/* Prints each problem once; counts them. Seen lines are kept as 64-bit
+ * hashes in an open-addressed set, so linting a file with 50 000 problems
+ * takes linear time. */
 struct gg_printer {
     int problems;
-    char **seen;
+    uint64_t *seen;
     size_t nseen, cap;
 };
 
+static uint64_t gg_line_hash(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
+    return h | 1; /* 0 marks an empty slot */
+}
+
+static bool gg_set_insert(uint64_t *set, size_t cap, uint64_t h)
+{
+    for (size_t i = h & (cap - 1);; i = (i + 1) & (cap - 1)) {
+        if (set[i] == h)
+            return false;
+        if (!set[i]) {
+            set[i] = h;
+            return true;
+        }
+    }
+}
+
 static bool gg_printer_seen(struct gg_printer *pr, const char *line)
 {
-    char **grown;
-
-    for (size_t i = 0; i < pr->nseen; i++)
-        if (strcmp(pr->seen[i], line) == 0)
-            return true;
-    if (pr->nseen == pr->cap) {
-        size_t cap = pr->cap ? pr->cap * 2 : 16;
-        grown = realloc(pr->seen, cap * sizeof *grown);
+    uint64_t h = gg_line_hash(line);
+    if ((pr->nseen + 1) * 2 > pr->cap) {
+        size_t cap = pr->cap ? pr->cap * 2 : 64;
+        uint64_t *grown = calloc(cap, sizeof *grown);
         if (!grown)
             return false;
+        for (size_t i = 0; i < pr->cap; i++)
+            if (pr->seen[i])
+                gg_set_insert(grown, cap, pr->seen[i]);
+        free(pr->seen);
         pr->seen = grown;
         pr->cap = cap;
     }
-    pr->seen[pr->nseen] = strdup(line);
-    if (pr->seen[pr->nseen])
-        pr->nseen++;
+    if (!gg_set_insert(pr->seen, pr->cap, h))
+        return true;
+    pr->nseen++;
     return false;
 }
 
 static void gg_printer_free(struct gg_printer *pr)
 {
-    for (size_t i = 0; i < pr->nseen; i++)
-        free(pr->seen[i]);
     free(pr->seen);
 }
 
@@ -165,8 +186,8 @@ static int gg_lint_member(void *arg, const char *path, const char *name)
     ld->files++;
     gg_policy_load(path, &p, gg_print_problem, ld->pr);
     gg_policy_check_member(path, &p, gg_print_problem, ld->pr);
-    if (strcmp(name, "default.ini") != 0 && p.match[0] &&
-        gg_lint_remember(ld, path, p.match) != 0) {
+    if (strcmp(name, "default.ini") != 0 && p.s.match[0] &&
+        gg_lint_remember(ld, path, p.s.match) != 0) {
         fprintf(stderr, "gpuguard-check: out of memory\n");
         return 2;
     }
@@ -191,7 +212,7 @@ static void gg_lint_overlaps(const struct gg_lint_dir *ld)
         for (size_t i = 0; i < ld->n; i++) {
             const struct gg_lint_file *f = &ld->list[i];
 
-            if (!gg_policy_matches(f->match, gg_known_names[k]))
+            if (!gg_globs_match(f->match, gg_known_names[k]))
                 continue;
             if (!first) {
                 first = f;
@@ -213,12 +234,18 @@ static int gg_lint_dir(const char *dir, struct gg_printer *pr)
 
     memset(&ld, 0, sizeof ld);
     ld.pr = pr;
-    rc = gg_policy_dir_each(dir, gg_lint_member, &ld);
+    int more = 0;
+    rc = gg_policy_dir_each(dir, gg_lint_member, &ld, &more);
     if (rc == -1) {
         snprintf(msg, sizeof msg, "cannot read policy directory: %s", strerror(errno));
         gg_print_problem(pr, dir, 0, msg);
     } else if (ld.files == 0) {
         gg_print_problem(pr, dir, 0, "no policy files (*.ini) in this directory");
+    }
+    if (more) {
+        snprintf(msg, sizeof msg, "more than %d policy files; the shim reads the first %d only",
+                 GG_POLICY_DIR_MAX, GG_POLICY_DIR_MAX);
+        gg_print_problem(pr, dir, 0, msg);
     }
     gg_lint_overlaps(&ld);
     free(ld.list);
@@ -249,98 +276,6 @@ static int gg_lint(int argc, char **argv)
         printf("%d file%s ok\n", files, files == 1 ? "" : "s");
     gg_printer_free(&pr);
     return pr.problems ? GG_EXIT_PROBLEM : GG_EXIT_OK;
-}
-
-/* ------------------------------------------------------------------------ */
-/* The driver                                                                */
-
-struct gg_driver {
-    void *lib;
-    CUresult (*init)(unsigned int flags);
-    CUresult (*count)(int *n);
-    CUresult (*get)(CUdevice *dev, int ordinal);
-    CUresult (*name)(char *name, int len, CUdevice dev);
-    CUresult (*total)(size_t *bytes, CUdevice dev);
-    CUresult (*attribute)(int *v, CUdevice_attribute a, CUdevice dev);  /* optional */
-    CUresult (*error_name)(CUresult r, const char **s);                 /* optional */
-};
-
-static void *gg_sym(struct gg_driver *d, const char *name, bool required)
-{
-    void *f = dlsym(d->lib, name);
-
-    if (!f && required)
-        fprintf(stderr, "gpuguard-check: libcuda.so.1 has no %s\n", name);
-    return f;
-}
-
-static int gg_driver_open(struct gg_driver *d)
-{
-    memset(d, 0, sizeof *d);
-    d->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!d->lib) {
-        fprintf(stderr, "gpuguard-check: no CUDA driver (libcuda.so.1 not found)\n");
-        return -1;
-    }
-    d->init = (CUresult(*)(unsigned int))gg_sym(d, "cuInit", true);
-    d->count = (CUresult(*)(int *))gg_sym(d, "cuDeviceGetCount", true);
-    d->get = (CUresult(*)(CUdevice *, int))gg_sym(d, "cuDeviceGet", true);
-    d->name = (CUresult(*)(char *, int, CUdevice))gg_sym(d, "cuDeviceGetName", true);
-    d->total = (CUresult(*)(size_t *, CUdevice))gg_sym(d, "cuDeviceTotalMem_v2", true);
-    d->attribute = (CUresult(*)(int *, CUdevice_attribute, CUdevice))gg_sym(
-        d, "cuDeviceGetAttribute", false);
-    d->error_name = (CUresult(*)(CUresult, const char **))gg_sym(d, "cuGetErrorName", false);
-    if (!d->init || !d->count || !d->get || !d->name || !d->total)
-        return -1;
-    return 0;
-}
-
-static void gg_driver_error(const struct gg_driver *d, const char *call, CUresult r)
-{
-    const char *name = NULL;
-
-    if (d->error_name && d->error_name(r, &name) != CUDA_SUCCESS)
-        name = NULL;
-    fprintf(stderr, "gpuguard-check: %s failed: %s (%d)\n", call, name ? name : "error", (int)r);
-}
-
-/* One GPU as the driver describes it. */
-struct gg_gpu {
-    int index;
-    char name[256];
-    uint64_t total;
-    int cc_major, cc_minor;  /* -1 when unknown */
-};
-
-static int gg_driver_gpu(const struct gg_driver *d, int index, struct gg_gpu *g)
-{
-    CUdevice dev;
-    size_t total = 0;
-    CUresult r;
-
-    memset(g, 0, sizeof *g);
-    g->index = index;
-    g->cc_major = g->cc_minor = -1;
-    if ((r = d->get(&dev, index)) != CUDA_SUCCESS) {
-        gg_driver_error(d, "cuDeviceGet", r);
-        return -1;
-    }
-    if ((r = d->name(g->name, (int)sizeof g->name - 1, dev)) != CUDA_SUCCESS) {
-        gg_driver_error(d, "cuDeviceGetName", r);
-        return -1;
-    }
-    if ((r = d->total(&total, dev)) != CUDA_SUCCESS) {
-        gg_driver_error(d, "cuDeviceTotalMem", r);
-        return -1;
-    }
-    g->total = total;
-    if (d->attribute &&
-        (d->attribute(&g->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) !=
-             CUDA_SUCCESS ||
-         d->attribute(&g->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev) !=
-             CUDA_SUCCESS))
-        g->cc_major = g->cc_minor = -1;
-    return 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -392,81 +327,73 @@ static void gg_print_cc(const struct gg_gpu *g)
                g->cc_minor);
 }
 
-static void gg_print_headroom(const struct gg_policy *p, uint64_t total, uint64_t limit)
+/* Where a setting's value came from. */
+static void gg_print_origin(const struct gg_policy *p, enum gg_setting_id id, char *out,
+                            size_t cap)
 {
-    uint64_t headroom = gg_size_bytes(p->headroom, total);
-    uint64_t near = gg_policy_near_miss(p, total);
-
-    printf("  headroom  %.2f GiB", gg_gib(headroom));
-    if (p->headroom.is_percent)
-        printf(" (%g%%)", p->headroom.percent);
-    if (p->headroom_from_env)
-        printf(" from GPUGUARD_HEADROOM");
-    if (headroom > total)
-        printf(", larger than the device");
-    printf("; limit %.2f GiB; near misses above %.2f GiB used\n", gg_gib(limit),
-           gg_gib(limit > near ? limit - near : 0));
+    if (p->from_env[id])
+        snprintf(out, cap, "from %s", gg_setting_info[id].env);
+    else if (p->line[id])
+        snprintf(out, cap, "line %d", p->line[id]);
+    else
+        snprintf(out, cap, "default");
 }
 
-static void gg_print_trainer(const struct gg_policy *p)
+/* Every policy setting, from the table of settings.def. */
+static void gg_print_settings(const struct gg_policy *p)
 {
-    const char *sig = gg_signal_name(p->signal);
+    const char *section = "";
+    for (int id = 0; id < GG_SET_COUNT; id++) {
+        const struct gg_setting_info *i = &gg_setting_info[id];
+        char value[GG_PATH_MAX], origin[64];
+        if (i->process)
+            continue;
+        if (strcmp(section, i->section) != 0) {
+            section = i->section;
+            printf("  [%s]\n", section);
+        }
+        gg_setting_format((enum gg_setting_id)id, &p->s, NULL, value, sizeof value);
+        gg_print_origin(p, (enum gg_setting_id)id, origin, sizeof origin);
+        printf("    %-19s = %-24s (%s)\n", i->key, value, origin);
+    }
+}
 
-    printf("  trainer   ");
-    if (p->batch_size)
-        printf("batch %d", p->batch_size);
+static void gg_print_mode(const struct gg_policy *p)
+{
+    if (p->broken)
+        printf("  mode      observe: the policy has problems (it says %s)\n",
+               gg_mode_name((enum gg_mode)p->s.mode));
+    else if (p->s.mode == GG_MODE_AUTO)
+        printf("  mode      auto: observe until a trainer registers, then enforce\n");
     else
-        printf("batch not given");
-    if (p->grad_accum)
-        printf(" x accum %d", p->grad_accum);
-    printf(", min batch %d, signal ", p->min_batch_size);
-    if (sig)
-        printf("%s\n", sig);
-    else
-        printf("%d\n", p->signal);
+        printf("  mode      %s\n", gg_mode_name((enum gg_mode)p->s.mode));
 }
 
 static void gg_print_gpu(const struct gg_gpu *g, const struct gg_policy *p, uint64_t limit)
 {
+    uint64_t headroom = gg_size_bytes(p->s.headroom, g->total);
+    uint64_t near = gg_policy_near_miss(p, g->total);
     printf("  memory    %.2f GiB (%" PRIu64 " bytes), ", gg_gib(g->total), g->total);
     gg_print_cc(g);
     printf("  policy    %s\n", p->file[0] ? p->file : "(built-in defaults)");
-    if (p->broken)
-        printf("  mode      observe: the policy has problems (it says %s)\n",
-               gg_mode_name(p->mode));
-    else if (p->mode == GG_MODE_AUTO)
-        printf("  mode      auto: observe until a trainer registers, then enforce "
-               "(enforce = %s, virtualize_meminfo = %s)\n",
-               gg_enforce_name(p->enforce), p->virtualize_meminfo ? "yes" : "no");
-    else
-        printf("  mode      %s (enforce = %s, virtualize_meminfo = %s)\n", gg_mode_name(p->mode),
-               gg_enforce_name(p->enforce), p->virtualize_meminfo ? "yes" : "no");
-    gg_print_headroom(p, g->total, limit);
-    gg_print_trainer(p);
-    printf("  journal   %s (stacks %s, depth %d)\n", p->journal_dir, gg_stacks_name(p->stacks),
-           p->depth);
-}
-
-static void gg_env_from_process(struct gg_policy_env *env)
-{
-    env->policy = getenv("GPUGUARD_POLICY");
-    env->mode = getenv("GPUGUARD_MODE");
-    env->headroom = getenv("GPUGUARD_HEADROOM");
-    env->journal_dir = getenv("GPUGUARD_JOURNAL_DIR");
-    env->signal = getenv("GPUGUARD_SIGNAL");
+    gg_print_mode(p);
+    printf("  limit     %.2f GiB: headroom %.2f GiB%s; near misses above %.2f GiB used\n",
+           gg_gib(limit), gg_gib(headroom), headroom > g->total ? ", larger than the device" : "",
+           gg_gib(limit > near ? limit - near : 0));
+    gg_print_settings(p);
 }
 
 /* Where the policies come from, said once. NULL: the built-in defaults. */
-static const char *gg_policy_location(const char *option, const struct gg_policy_env *env,
+static const char *gg_policy_location(const char *option, const struct gg_process *proc,
                                       char *buf, size_t cap)
 {
     if (option) {
         printf("policies: %s (--policy)\n", option);
         return option;
     }
-    if (env->policy && *env->policy) {
-        printf("policies: %s (GPUGUARD_POLICY)\n", env->policy);
-        return env->policy;
+    if (proc->policy[0]) {
+        printf("policies: %s (GPUGUARD_POLICY)\n", proc->policy);
+        return proc->policy;
     }
     if (gg_default_policy_dir(buf, cap)) {
         printf("policies: %s (beside gpuguard-check)\n", buf);
@@ -478,44 +405,54 @@ static const char *gg_policy_location(const char *option, const struct gg_policy
 
 static int gg_list(const char *option)
 {
-    struct gg_driver d;
-    struct gg_policy_env env;
+    struct gg_process proc;
     struct gg_printer pr;
-    char dirbuf[PATH_MAX];
-    const char *where;
-    int count = 0;
-    CUresult r;
+    char dirbuf[PATH_MAX], why[256];
+    const char *where, *call = "";
+    int count = 0, r;
 
-    if (gg_driver_open(&d) != 0)
-        return GG_EXIT_USAGE;
-    if ((r = d.init(0)) != CUDA_SUCCESS) {
-        gg_driver_error(&d, "cuInit", r);
+    if (gg_driver_open(true, why, sizeof why) != 0) {
+        fprintf(stderr, "gpuguard-check: %s\n", why);
         return GG_EXIT_USAGE;
     }
-    if ((r = d.count(&count)) != CUDA_SUCCESS) {
-        gg_driver_error(&d, "cuDeviceGetCount", r);
+    if ((r = gg_driver_init(&count, &call)) != 0) {
+        fprintf(stderr, "gpuguard-check: %s failed: %s (%d)\n", call, gg_driver_error_name(r), r);
         return GG_EXIT_USAGE;
     }
     if (count <= 0) {
         fprintf(stderr, "gpuguard-check: no CUDA devices\n");
         return GG_EXIT_USAGE;
     }
+    if (count > 64)
+        count = 64;
     memset(&pr, 0, sizeof pr);
-    gg_env_from_process(&env);
-    where = gg_policy_location(option, &env, dirbuf, sizeof dirbuf);
+    gg_process_defaults(&proc);
+    gg_process_from_env(&proc, gg_print_problem, &pr);
+    where = gg_policy_location(option, &proc, dirbuf, sizeof dirbuf);
+    struct gg_gpu gpus[64];
+    const char *names[64];
     for (int i = 0; i < count; i++) {
-        struct gg_gpu g;
-        struct gg_policy p;
-        uint64_t limit;
-
-        if (gg_driver_gpu(&d, i, &g) != 0)
+        if ((r = gg_driver_gpu(i, &gpus[i], &call)) != 0) {
+            fprintf(stderr, "gpuguard-check: GPU %d: %s failed: %s (%d)\n", i, call,
+                    gg_driver_error_name(r), r);
             return GG_EXIT_USAGE;
-        printf("GPU %d: %s\n", i, g.name);
-        gg_policy_select(where, g.name, &p, gg_print_problem, &pr);
-        gg_policy_apply_env(&p, &env, gg_print_problem, &pr);
-        limit = gg_policy_limit(&p, g.total, gg_print_problem, &pr);
-        gg_print_gpu(&g, &p, limit);
+        }
+        names[i] = gpus[i].name;
     }
+    struct gg_policy *policies = calloc((size_t)count, sizeof *policies);
+    if (!policies) {
+        fprintf(stderr, "gpuguard-check: out of memory\n");
+        return GG_EXIT_USAGE;
+    }
+    gg_policy_select(where, names, count, policies, gg_print_problem, &pr);
+    for (int i = 0; i < count; i++) {
+        struct gg_policy *p = &policies[i];
+        gg_policy_apply_env(p, gg_print_problem, &pr);
+        uint64_t limit = gg_policy_limit(p, gpus[i].total, gg_print_problem, &pr);
+        printf("GPU %d: %s\n", i, gpus[i].name);
+        gg_print_gpu(&gpus[i], p, limit);
+    }
+    free(policies);
     if (pr.problems)
         printf("%d problem%s in the policies used\n", pr.problems, pr.problems == 1 ? "" : "s");
     gg_printer_free(&pr);

@@ -1,0 +1,135 @@
+/* device.c - layer 4: the GPUs and their policies (see device.h). */
+#include "device.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "driver.h"
+#include "runtime.h"
+
+struct gg_device gg_devices[GG_MAX_DEVICES];
+int gg_device_count;
+static struct gg_policy policies[GG_MAX_DEVICES];
+
+const struct gg_policy *gg_device_policy(int dev)
+{
+    return (unsigned)dev < GG_MAX_DEVICES ? &policies[dev] : NULL;
+}
+
+__attribute__((format(printf, 3, 4))) static void say(gg_report_fn report, void *ctx,
+                                                      const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    report(ctx, "", 0, msg);
+}
+
+/* The driver the runtime uses: the first call may come through the runtime
+ * before it has loaded its driver (it does so on its first call, from a
+ * path of its own), so let it, then take the same libcuda. */
+static bool open_driver(gg_report_fn report, void *ctx)
+{
+    char why[256];
+    if (gg_driver_open(false, why, sizeof why) == 0)
+        return true;
+    gg_runtime_touch();
+    if (gg_driver_open(true, why, sizeof why) == 0)
+        return true;
+    say(report, ctx, "%s; passing through", why);
+    return false;
+}
+
+static void apply_policy(int i, struct gg_device *d, gg_report_fn report, void *ctx, bool say_env)
+{
+    struct gg_policy *p = &policies[i];
+    int problems = gg_policy_apply_env(p, say_env ? report : NULL, ctx);
+    d->mode = (uint8_t)p->s.mode;
+    d->enforce = (uint8_t)p->s.enforce;
+    d->stacks = (uint8_t)p->s.stacks;
+    d->depth = (uint8_t)p->s.depth;
+    d->virtualize_meminfo = p->s.virtualize_meminfo;
+    if (d->total) {
+        d->limit = gg_policy_limit(p, d->total, report, ctx);
+        d->near = gg_policy_near_miss(p, d->total);
+        if (d->limit == d->total && gg_size_bytes(p->s.headroom, d->total) > d->total)
+            problems++;
+    } else {
+        /* Its total memory is unknown, so it cannot be held to a line: it
+         * is observed (counted and journaled), never refused, never a near
+         * miss. Said when the query failed. */
+        d->limit = UINT64_MAX;
+        d->near = 0;
+        if (d->mode != GG_MODE_OFF)
+            d->mode = GG_MODE_OBSERVE;
+    }
+    if ((problems || p->broken) && (d->mode == GG_MODE_ENFORCE || d->mode == GG_MODE_AUTO)) {
+        d->mode = GG_MODE_OBSERVE;
+        say(report, ctx, "GPU%d: policy problems above; observing only, nothing will be refused",
+            i);
+    }
+    atomic_store(&d->enforcing, d->mode == GG_MODE_ENFORCE);
+}
+
+int gg_devices_init(const struct gg_process *proc, gg_report_fn report, void *ctx)
+{
+    int n = 0;
+    const char *call = "";
+    if (!open_driver(report, ctx))
+        return 0;
+    int r = gg_driver_init(&n, &call);
+    if (r != 0) {
+        say(report, ctx, "%s failed (%s, %d); passing through", call, gg_driver_error_name(r), r);
+        return 0;
+    }
+    if (n > GG_MAX_DEVICES) {
+        say(report, ctx, "%d CUDA devices; only the first %d are guarded", n, GG_MAX_DEVICES);
+        n = GG_MAX_DEVICES;
+    }
+    const char *names[GG_MAX_DEVICES];
+    for (int i = 0; i < n; i++) {
+        struct gg_device *d = &gg_devices[i];
+        struct gg_gpu g;
+        r = gg_driver_gpu(i, &g, &call);
+        snprintf(d->name, sizeof d->name, "%s", g.name[0] ? g.name : "unknown GPU");
+        names[i] = d->name;
+        d->cc_major = g.cc_major;
+        d->cc_minor = g.cc_minor;
+        d->total = g.total;
+        if (r != 0) {
+            d->total = 0;
+            say(report, ctx, "GPU%d: %s failed (%s, %d); its memory is unknown: observing it only",
+                i, call, gg_driver_error_name(r), r);
+        }
+        d->present = true;
+    }
+    gg_policy_select(proc->policy, names, n, policies, report, ctx);
+    for (int i = 0; i < n; i++)
+        apply_policy(i, &gg_devices[i], report, ctx, i == 0);
+    gg_device_count = n;
+    return n;
+}
+
+uint64_t gg_device_refresh(struct gg_device *d, int dev, bool may_retain)
+{
+    uint64_t used;
+    if (!gg_driver_read_used(dev, may_retain, &used))
+        return gg_device_estimate(d);
+    atomic_store_explicit(&d->last_reading_ns, gg_now_ns(), memory_order_relaxed);
+    atomic_store_explicit(&d->used_offset,
+                          (int64_t)used - (int64_t)atomic_load_explicit(&d->current,
+                                                                        memory_order_relaxed),
+                          memory_order_relaxed);
+    atomic_store_explicit(&d->read_once, true, memory_order_release);
+    gg_atomic_max(&d->peak_used, used);
+    return used;
+}
+
+void gg_devices_reset(void)
+{
+    memset(gg_devices, 0, sizeof gg_devices);
+    gg_device_count = 0;
+}

@@ -1,0 +1,92 @@
+/* device.h - layer 4: the GPUs as the guard sees them.
+ *
+ * One record per device: what it is and what its policy says (set once at
+ * start, then only read), and its counters. Each group of fields that
+ * threads write sits on its own cache line, so a thread allocating reads
+ * the policy values without fetching a line that another thread's
+ * allocation has just written.
+ *
+ * Device-wide use is kept as an estimate: the last reading of the device
+ * (other processes, the CUDA context) plus what this process did since,
+ * `current + used_offset`. A reading is taken before a device's first
+ * decision and whenever the estimate says a request could be refused, never
+ * on every allocation (DESIGN.md section 2.4).
+ */
+#ifndef GG_DEVICE_H
+#define GG_DEVICE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ledger.h"
+#include "policy.h"
+#include "prim.h"
+#include "sites.h"
+
+struct gg_device {
+    /* Read-mostly: set at start. */
+    _Alignas(64) bool present;
+    uint8_t mode;              /* enum gg_mode as configured; broken policy: observe */
+    uint8_t enforce;           /* enum gg_enforce */
+    uint8_t stacks;            /* enum gg_stacks */
+    uint8_t depth;             /* [journal] depth */
+    bool virtualize_meminfo;
+    _Atomic bool enforcing;    /* refuses and virtualizes now (enforce, or auto once a
+                                  trainer registered); written once */
+    _Atomic bool read_once;    /* a reading was taken: decisions need no first one */
+    uint64_t total, limit;     /* limit = total - headroom */
+    uint64_t near;             /* the near-miss margin */
+    int cc_major, cc_minor;
+    char name[256];
+
+    /* This process's bytes: every allocation and free. */
+    _Alignas(64) _Atomic uint64_t current;
+    /* The exact peak of `current`: read by every allocation, written at a peak. */
+    _Alignas(64) _Atomic uint64_t peak;
+    /* Device-wide: written at readings and device-wide peaks. */
+    _Alignas(64) _Atomic int64_t used_offset; /* device use minus `current` at the last reading */
+    _Atomic uint64_t peak_used;
+    _Atomic uint64_t last_reading_ns;
+    /* Incidents and events: written rarely. */
+    _Alignas(64) _Atomic uint64_t near_misses, refusals, ooms, unknown_frees;
+    _Atomic uint64_t sample_current;   /* `current` at the last sample event */
+    _Atomic gg_site peak_site;         /* the allocation that set the peak */
+};
+
+extern struct gg_device gg_devices[GG_MAX_DEVICES];
+extern int gg_device_count;
+
+/* Device dev, or NULL when there is none or it is not guarded. */
+static inline struct gg_device *gg_device(int dev)
+{
+    if ((unsigned)dev >= (unsigned)gg_device_count || !gg_devices[dev].present)
+        return NULL;
+    return &gg_devices[dev];
+}
+
+/* The policy a device runs under. */
+const struct gg_policy *gg_device_policy(int dev);
+
+/* Read the devices from the driver and give each its policy, with the
+ * process settings p; problems go to report (the file and line of each,
+ * capped per file). Returns the number of devices (0: no driver, no device;
+ * said through report). */
+int gg_devices_init(const struct gg_process *p, gg_report_fn report, void *ctx);
+
+/* Device-wide use as estimated now. */
+static inline uint64_t gg_device_estimate(const struct gg_device *d)
+{
+    int64_t u = (int64_t)atomic_load_explicit(&d->current, memory_order_relaxed) +
+                atomic_load_explicit(&d->used_offset, memory_order_relaxed);
+    return u > 0 ? (uint64_t)u : 0;
+}
+
+/* Take a reading (re-anchoring the estimate) and return the device's use;
+ * the estimate when no reading can be taken. may_retain: a runtime call,
+ * whose runtime is about to make the device's primary context anyway. */
+uint64_t gg_device_refresh(struct gg_device *d, int dev, bool may_retain);
+
+/* For tests: forget every device. */
+void gg_devices_reset(void);
+
+#endif /* GG_DEVICE_H */

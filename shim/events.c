@@ -1,0 +1,257 @@
+/* events.c - layer 4: the journal's events (see events.h). */
+#include "events.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "device.h"
+#include "gpuguard.h"
+#include "journal.h"
+#include "prim.h"
+#include "symbolize.h"
+
+static void begin(struct gg_json *j, char *buf, size_t cap, const char *ev)
+{
+    gg_json_init(j, buf, cap);
+    gg_json_obj(j);
+    gg_json_kf64(j, "t", gg_clock_since_start());
+    gg_json_kstr(j, "ev", ev);
+}
+
+static void end(struct gg_json *j)
+{
+    gg_json_obj_end(j);
+    gg_json_raw_newline(j);
+    if (!j->failed)
+        gg_journal_write(j->buf, j->len);
+    gg_json_free(j);
+}
+
+void gg_events_stack(struct gg_json *j, gg_site site)
+{
+    const uintptr_t *ips;
+    size_t n = gg_sites_native(site, &ips);
+    gg_json_arr(j);
+    for (size_t i = 0; i < n; i++) {
+        struct gg_frame_info fi;
+        gg_symbolize(ips[i], &fi);
+        gg_json_obj(j);
+        gg_json_key(j, "ip");
+        gg_json_hex(j, ips[i]);
+        gg_json_kstr(j, "module", fi.module);
+        gg_json_kstr(j, "sym", fi.sym);
+        gg_json_key(j, "off");
+        if (fi.has_off)
+            gg_json_u64(j, fi.off);
+        else
+            gg_json_null(j);
+        gg_json_obj_end(j);
+    }
+    gg_json_arr_end(j);
+}
+
+void gg_events_start(const char *comm, const char *host, long rank)
+{
+    char buf[8192];
+    struct gg_json j;
+    begin(&j, buf, sizeof buf, "start");
+    gg_json_ki64(&j, "pid", (int64_t)getpid());
+    gg_json_kf64(&j, "wall", gg_wall_s()); /* aligns the journals of several ranks */
+    gg_json_kstr(&j, "comm", comm);
+    gg_json_kstr(&j, "host", host);
+    gg_json_key(&j, "rank");
+    if (rank >= 0)
+        gg_json_i64(&j, rank);
+    else
+        gg_json_null(&j);
+    gg_json_kstr(&j, "version", GPUGUARD_VERSION);
+    gg_json_kstr(&j, "mode", gg_device_count ? gg_mode_name(gg_devices[0].mode) : "auto");
+    gg_json_key(&j, "devices");
+    gg_json_arr(&j);
+    for (int i = 0; i < gg_device_count; i++) {
+        const struct gg_device *d = &gg_devices[i];
+        const struct gg_policy *p = gg_device_policy(i);
+        char cc[16];
+        snprintf(cc, sizeof cc, "%d.%d", d->cc_major, d->cc_minor);
+        gg_json_obj(&j);
+        gg_json_ki64(&j, "dev", i);
+        gg_json_kstr(&j, "name", d->name);
+        gg_json_ku64(&j, "total", d->total);
+        gg_json_kstr(&j, "cc", cc);
+        gg_json_kstr(&j, "policy", p->file[0] ? p->file : "(built-in)");
+        gg_json_key(&j, "limit");
+        if (d->total)
+            gg_json_u64(&j, d->limit);
+        else
+            gg_json_null(&j);
+        gg_json_kstr(&j, "mode", gg_mode_name(d->mode));
+        gg_json_ku64(&j, "headroom", d->total ? d->total - d->limit : 0);
+        gg_json_ku64(&j, "near_miss", d->near);
+        gg_json_obj_end(&j);
+    }
+    gg_json_arr_end(&j);
+    end(&j);
+}
+
+void gg_events_mode(int dev, const char *mode, const char *why)
+{
+    char buf[256];
+    struct gg_json j;
+    begin(&j, buf, sizeof buf, "mode");
+    gg_json_ki64(&j, "dev", dev);
+    gg_json_kstr(&j, "mode", mode);
+    gg_json_kstr(&j, "why", why);
+    end(&j);
+}
+
+static const char *const incident_names[] = {
+    [GG_INCIDENT_NEAR_MISS] = "near_miss", [GG_INCIDENT_REFUSED] = "refused",
+    [GG_INCIDENT_OOM] = "oom"};
+
+void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v)
+{
+    const struct gg_device *d = gg_device(c->dev);
+    if (!d || v->incident == GG_INCIDENT_NONE)
+        return;
+    char buf[4096];
+    struct gg_json j;
+    begin(&j, buf, sizeof buf, incident_names[v->incident]);
+    gg_json_ki64(&j, "dev", c->dev);
+    gg_json_kstr(&j, "api", c->api_name);
+    gg_json_ku64(&j, "bytes", c->bytes);
+    gg_json_ku64(&j, "used", v->used);
+    gg_json_ku64(&j, "limit", d->limit);
+    gg_json_ku64(&j, "total", d->total);
+    if (v->incident == GG_INCIDENT_NEAR_MISS) {
+        gg_json_ku64(&j, "count", v->count);
+        if (v->over_limit)
+            gg_json_kbool(&j, "over_limit", true);
+    }
+    gg_json_key(&j, "stack");
+    gg_events_stack(&j, c->site);
+    end(&j);
+}
+
+void gg_events_advice(const struct gg_advice *a, bool signaled)
+{
+    char buf[512];
+    struct gg_json j;
+    begin(&j, buf, sizeof buf, "advice");
+    gg_json_ku64(&j, "seq", a->seq);
+    gg_json_ki64(&j, "dev", a->dev);
+    gg_json_ki64(&j, "batch_size", a->batch_size);
+    gg_json_ki64(&j, "grad_accum", a->grad_accum);
+    gg_json_kstr(&j, "reason", a->reason);
+    gg_json_kbool(&j, "signaled", signaled);
+    end(&j);
+}
+
+void gg_events_sample(int dev, uint64_t current, uint64_t used)
+{
+    char buf[256];
+    struct gg_json j;
+    begin(&j, buf, sizeof buf, "sample");
+    gg_json_ki64(&j, "dev", dev);
+    gg_json_ku64(&j, "current", current);
+    gg_json_ku64(&j, "used", used);
+    end(&j);
+}
+
+void gg_events_note(const char *text)
+{
+    char buf[4096];
+    struct gg_json j;
+    begin(&j, buf, sizeof buf, "note");
+    gg_json_kstr(&j, "text", text);
+    end(&j);
+}
+
+void gg_events_error(const char *fmt, ...)
+{
+    char msg[768], buf[1024];
+    struct gg_json j;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    gg_say("%s", msg);
+    begin(&j, buf, sizeof buf, "error");
+    gg_json_kstr(&j, "message", msg);
+    end(&j);
+}
+
+/* What no listed site holds (allocations made without a stack, or below
+ * the largest listed) is one entry with an empty stack, in its place by
+ * size. */
+static void peak_sites(struct gg_json *j, int dev, uint64_t peak)
+{
+    struct gg_site_usage top[32];
+    size_t n = gg_guard_peak_sites(dev, top, 32);
+    uint64_t attributed = 0;
+    for (size_t k = 0; k < n; k++)
+        attributed += top[k].bytes;
+    uint64_t rest = peak > attributed ? peak - attributed : 0;
+    gg_json_arr(j);
+    for (size_t k = 0; k <= n; k++) {
+        if (rest && (k == n || top[k].bytes < rest)) {
+            gg_json_obj(j);
+            gg_json_key(j, "stack");
+            gg_json_arr(j);
+            gg_json_arr_end(j);
+            gg_json_ku64(j, "bytes", rest);
+            gg_json_key(j, "allocs");
+            gg_json_null(j);
+            gg_json_obj_end(j);
+            rest = 0;
+        }
+        if (k == n)
+            break;
+        gg_json_obj(j);
+        gg_json_key(j, "stack");
+        gg_events_stack(j, top[k].site);
+        gg_json_ku64(j, "bytes", top[k].bytes);
+        gg_json_ku64(j, "allocs", top[k].allocs);
+        gg_json_obj_end(j);
+    }
+    gg_json_arr_end(j);
+}
+
+void gg_events_summary(double duration)
+{
+    char buf[16384];
+    struct gg_json j;
+    begin(&j, buf, sizeof buf, "summary");
+    gg_json_kf64(&j, "duration", duration);
+    gg_json_ku64(&j, "sites", gg_sites_count()); /* distinct stacks stored */
+    gg_json_key(&j, "devices");
+    gg_json_arr(&j);
+    for (int i = 0; i < gg_device_count; i++) {
+        struct gg_device *d = &gg_devices[i];
+        uint64_t allocs = gg_ledger_allocs(i), frees = gg_ledger_frees(i);
+        uint64_t peak = atomic_load(&d->peak);
+        gg_json_obj(&j);
+        gg_json_ki64(&j, "dev", i);
+        gg_json_kstr(&j, "name", d->name);
+        gg_json_ku64(&j, "total", d->total);
+        gg_json_ku64(&j, "limit", d->total ? d->limit : 0);
+        gg_json_ku64(&j, "peak", peak);
+        gg_json_ku64(&j, "peak_used", atomic_load(&d->peak_used));
+        gg_json_ku64(&j, "allocs", allocs);
+        gg_json_ku64(&j, "frees", frees);
+        gg_json_ku64(&j, "near_misses", atomic_load(&d->near_misses));
+        gg_json_ku64(&j, "refusals", atomic_load(&d->refusals));
+        gg_json_ku64(&j, "ooms", atomic_load(&d->ooms));
+        gg_json_ku64(&j, "live_bytes", atomic_load(&d->current));
+        gg_json_ku64(&j, "live_allocs", allocs - frees);
+        gg_json_ku64(&j, "unknown_frees", atomic_load(&d->unknown_frees));
+        gg_json_key(&j, "peak_stack");
+        gg_events_stack(&j, atomic_load(&d->peak_site));
+        gg_json_key(&j, "peak_sites");
+        peak_sites(&j, i, peak);
+        gg_json_obj_end(&j);
+    }
+    gg_json_arr_end(&j);
+    end(&j);
+}

@@ -1,0 +1,38 @@
+/* events.h - layer 4: every journal event's schema, in one file
+ * (DESIGN.md section 1, "Journal").
+ *
+ * Each function builds one JSON line ({"t":<seconds since start>,"ev":...})
+ * and hands it to the journal. Field names live here and nowhere else.
+ */
+#ifndef GG_EVENTS_H
+#define GG_EVENTS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "advice.h"
+#include "guard.h"
+#include "json.h"
+#include "settings.h"
+
+/* start: the process and its devices. */
+void gg_events_start(const char *comm, const char *host, long rank);
+/* mode: device dev switched (auto -> enforce). */
+void gg_events_mode(int dev, const char *mode, const char *why);
+/* near_miss, refused or oom, from a verdict. */
+void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v);
+/* advice. */
+void gg_events_advice(const struct gg_advice *a, bool signaled);
+/* sample: a timeline point. */
+void gg_events_sample(int dev, uint64_t current, uint64_t used);
+/* note: the trainer's text. */
+void gg_events_note(const char *text);
+/* error: a configuration or internal problem, also said on stderr. */
+void gg_events_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* summary: at exit. */
+void gg_events_summary(double duration);
+
+/* A site's native frames as [{ip, module, sym, off}] (for tests too). */
+void gg_events_stack(struct gg_json *j, gg_site site);
+
+#endif /* GG_EVENTS_H */

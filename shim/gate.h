@@ -1,0 +1,65 @@
+/* gate.h - layer 5: the shim's state and the hook gate.
+ *
+ * Nothing happens when the library is loaded. The first intercepted CUDA
+ * call starts the guard (life.c); a process that never calls CUDA is never
+ * touched. Every hook passes through the gate: gg_enter() says whether this
+ * call is the guard's to count, and makes calls nested inside it (the
+ * runtime calling the driver through a hook the shim handed it) pass
+ * straight through, so nothing is counted twice (DESIGN.md section 2.2).
+ */
+#ifndef GG_GATE_H
+#define GG_GATE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "prim.h"
+
+enum gg_state {
+    GG_STATE_UNSTARTED = 0,
+    GG_STATE_STARTING,
+    GG_STATE_ACTIVE,
+    GG_STATE_PASSTHROUGH, /* off, failed, or a forked child: forward everything */
+};
+
+extern _Atomic int gg_state;
+extern GG_TLS int gg_depth;
+
+bool gg_enter_slow(void);
+
+/* True when the caller is to count this call; it must then gg_leave(). */
+static inline bool gg_enter(void)
+{
+    if (gg_depth)
+        return false;
+    if (gg_likely(atomic_load_explicit(&gg_state, memory_order_acquire) == GG_STATE_ACTIVE)) {
+        gg_depth = 1;
+        return true;
+    }
+    return gg_enter_slow();
+}
+
+static inline void gg_leave(void)
+{
+    gg_depth = 0;
+}
+
+/* Is the guard counting? */
+static inline bool gg_active(void)
+{
+    return atomic_load_explicit(&gg_state, memory_order_acquire) == GG_STATE_ACTIVE;
+}
+
+/* Will it never count in this process (off, failed, a forked child)? */
+static inline bool gg_passing_through(void)
+{
+    return atomic_load_explicit(&gg_state, memory_order_acquire) == GG_STATE_PASSTHROUGH;
+}
+
+/* A trainer registered (the C API): journal it, enforce where auto. */
+void gg_life_registered(void);
+
+/* Write the summary now if it has not been written (exit path). */
+void gg_life_finish(void);
+
+#endif /* GG_GATE_H */

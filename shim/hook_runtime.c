@@ -1,0 +1,316 @@
+/* hook_runtime.c - layer 6: the CUDA runtime's allocation functions, as
+ * exported by the shim (DESIGN.md section 2).
+ *
+ * Every RT row of hooks.def is exported once unversioned and once per
+ * runtime version (runtime.h, gpuguard.map), and each copy forwards to the
+ * runtime of its version: a caller reaches its own runtime, its devices
+ * and its last error. A hook asks the guard before and tells it after;
+ * error codes reach the caller unchanged, and a refusal is exactly
+ * cudaErrorMemoryAllocation (also as the runtime's last error), the one code
+ * PyTorch's allocator answers by freeing its cache and retrying.
+ * cudaFree(NULL) and zero-size requests go straight through.
+ */
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+
+#include "device.h"
+#include "events.h"
+#include "gate.h"
+#include "guard.h"
+#include "hooks.h"
+#include "prim.h"
+#include "react.h"
+#include "runtime.h"
+
+/* ---- the real functions, per runtime ----------------------------------------------- */
+
+static void *_Atomic real_fn[GG_RT_COUNT][GG_HOOK_COUNT];
+
+static GG_COLD void *real_slow(enum gg_rt rt, enum gg_hook h)
+{
+    void *p = gg_runtime_resolve(rt, gg_hooks[h].export);
+    if (p)
+        atomic_store_explicit(&real_fn[rt][h], p, memory_order_release);
+    return p;
+}
+
+static inline void *real_of(enum gg_rt rt, enum gg_hook h)
+{
+    void *p = atomic_load_explicit(&real_fn[rt][h], memory_order_acquire);
+    return gg_likely(p != NULL) ? p : real_slow(rt, h);
+}
+
+/* No runtime of that version to forward to: the caller linked one, so it
+ * was loaded in a way the search did not find. Said once. */
+static GG_COLD cudaError_t missing(enum gg_rt rt, enum gg_hook h)
+{
+    static _Atomic bool said;
+    if (!atomic_exchange(&said, true)) {
+        const char *v = gg_runtime_version_name(rt);
+        gg_say("cannot find the CUDA runtime's %s%s%s; the call fails", gg_hooks[h].export,
+               v ? "@" : "", v ? v : "");
+    }
+    return cudaErrorInitializationError;
+}
+
+#define REAL(type, rt, h)                 \
+    type real = (type)real_of(rt, h);     \
+    if (gg_unlikely(!real))               \
+        return missing(rt, h)
+
+/* ---- the bodies, one per shape ---------------------------------------------------------- */
+
+/* The runtime allocates on its current device: ask it, unless there is only
+ * one. */
+static inline bool begin(struct gg_call *c, enum gg_rt rt, enum gg_hook h, uint64_t bytes,
+                         uint8_t refusable)
+{
+    if (!bytes || !gg_enter())
+        return false;
+    c->dev = gg_device_count == 1 ? 0 : gg_runtime_device(rt);
+    c->api = (uint8_t)h;
+    c->api_name = gg_hooks[h].journal;
+    c->refusable = refusable;
+    c->runtime = true;
+    c->bytes = bytes;
+    return true;
+}
+
+/* A refusal looks like the runtime's own out-of-memory: no pointer, and
+ * cudaErrorMemoryAllocation as the last error. */
+static GG_COLD cudaError_t refuse(const struct gg_call *c, const struct gg_verdict *v,
+                                  enum gg_rt rt, void **p)
+{
+    gg_react(c, v);
+    gg_runtime_set_oom(rt);
+    if (p)
+        *p = NULL;
+    gg_leave();
+    return cudaErrorMemoryAllocation;
+}
+
+static inline cudaError_t end(struct gg_call *c, struct gg_verdict *v, cudaError_t r, void **p)
+{
+    if (r == cudaSuccess)
+        gg_guard_allocated(c, p ? (uintptr_t)*p : 0, v);
+    else
+        gg_guard_failed(c, r == cudaErrorMemoryAllocation, v);
+    if (gg_unlikely(gg_verdict_any(v)))
+        gg_react(c, v);
+    gg_leave();
+    return r;
+}
+
+/* A free the runtime accepted of memory the shim never saw allocated (made
+ * through a path it does not hook): counted, said once. */
+static GG_COLD void unknown_free(enum gg_rt rt, const void *p, cudaError_t r)
+{
+    if (r != cudaSuccess)
+        return;
+    int dev = gg_device_count == 1 ? 0 : gg_runtime_device(rt);
+    if (gg_guard_unknown_free((uintptr_t)p, dev))
+        gg_events_error("freed %p, which gpuguard did not see allocated; forwarded untouched "
+                        "(said once, counted in the summary)", p);
+}
+
+static inline cudaError_t free_end(enum gg_rt rt, void *p, bool known, const struct gg_entry *e,
+                                   uint32_t ticket, const struct gg_verdict *v, cudaError_t r)
+{
+    if (!known)
+        unknown_free(rt, p, r);
+    else if (r != cudaSuccess)
+        gg_guard_unrelease(e, ticket);
+    else if (gg_unlikely(gg_verdict_any(v)))
+        gg_react_free(e->dev, v);
+    gg_leave();
+    return r;
+}
+
+#define ALLOC_BODY(rt, h, bytes, refusable, p, CALL)      \
+    do {                                                  \
+        struct gg_call c;                                 \
+        struct gg_verdict v;                              \
+        if (!begin(&c, rt, h, bytes, refusable))          \
+            return CALL;                                  \
+        if (!gg_guard_admit(&c, &v))                      \
+            return refuse(&c, &v, rt, p);                 \
+        return end(&c, &v, CALL, p);                      \
+    } while (0)
+
+#define FREE_BODY(rt, p, CALL)                                                   \
+    do {                                                                         \
+        if (!p || !gg_enter())                                                   \
+            return CALL;                                                         \
+        struct gg_entry e;                                                       \
+        struct gg_verdict v;                                                     \
+        uint32_t ticket;                                                         \
+        bool known = gg_guard_release((uintptr_t)p, &e, &ticket, &v);           \
+        return free_end(rt, p, known, &e, ticket, &v, CALL);                     \
+    } while (0)
+
+typedef cudaError_t (*alloc_fn)(void **, size_t);
+static inline cudaError_t body_RT_ALLOC(enum gg_hook h, enum gg_rt rt, void **p, size_t n)
+{
+    REAL(alloc_fn, rt, h);
+    ALLOC_BODY(rt, h, n, GG_REFUSABLE, p, real(p, n));
+}
+
+typedef cudaError_t (*async_fn)(void **, size_t, cudaStream_t);
+static inline cudaError_t body_RT_ASYNC(enum gg_hook h, enum gg_rt rt, void **p, size_t n,
+                                        cudaStream_t s)
+{
+    REAL(async_fn, rt, h);
+    ALLOC_BODY(rt, h, n, GG_REFUSABLE, p, real(p, n, s));
+}
+
+typedef cudaError_t (*pool_fn)(void **, size_t, cudaMemPool_t, cudaStream_t);
+static inline cudaError_t body_RT_POOL(enum gg_hook h, enum gg_rt rt, void **p, size_t n,
+                                       cudaMemPool_t pool, cudaStream_t s)
+{
+    REAL(pool_fn, rt, h);
+    ALLOC_BODY(rt, h, n, GG_REFUSABLE, p, real(p, n, pool, s));
+}
+
+typedef cudaError_t (*managed_fn)(void **, size_t, unsigned);
+static inline cudaError_t body_RT_MANAGED(enum gg_hook h, enum gg_rt rt, void **p, size_t n,
+                                          unsigned flags)
+{
+    REAL(managed_fn, rt, h);
+    /* Managed memory may oversubscribe the device: counted, never refused. */
+    ALLOC_BODY(rt, h, n, GG_REFUSABLE_NEVER, p, real(p, n, flags));
+}
+
+typedef cudaError_t (*pitch_fn)(void **, size_t *, size_t, size_t);
+static cudaError_t body_RT_PITCH(enum gg_hook h, enum gg_rt rt, void **p, size_t *pitch, size_t w,
+                                 size_t hgt)
+{
+    REAL(pitch_fn, rt, h);
+    uint64_t bytes;
+    if (__builtin_mul_overflow((uint64_t)w, (uint64_t)hgt, &bytes))
+        bytes = UINT64_MAX; /* cannot be had: the guard refuses or the runtime fails */
+    struct gg_call c;
+    struct gg_verdict v;
+    if (!begin(&c, rt, h, bytes, GG_REFUSABLE))
+        return real(p, pitch, w, hgt);
+    if (!gg_guard_admit(&c, &v))
+        return refuse(&c, &v, rt, p);
+    cudaError_t r = real(p, pitch, w, hgt);
+    if (r == cudaSuccess && pitch && !__builtin_mul_overflow((uint64_t)*pitch, (uint64_t)hgt, &bytes))
+        c.bytes = bytes; /* what the device really gave */
+    return end(&c, &v, r, p);
+}
+
+typedef cudaError_t (*free_fn)(void *);
+static inline cudaError_t body_RT_FREE(enum gg_hook h, enum gg_rt rt, void *p)
+{
+    REAL(free_fn, rt, h);
+    FREE_BODY(rt, p, real(p));
+}
+
+typedef cudaError_t (*free_async_fn)(void *, cudaStream_t);
+static inline cudaError_t body_RT_FREE_ASYNC(enum gg_hook h, enum gg_rt rt, void *p,
+                                             cudaStream_t s)
+{
+    REAL(free_async_fn, rt, h);
+    FREE_BODY(rt, p, real(p, s));
+}
+
+typedef cudaError_t (*meminfo_fn)(size_t *, size_t *);
+static cudaError_t body_RT_MEMINFO(enum gg_hook h, enum gg_rt rt, size_t *free_b, size_t *total_b)
+{
+    REAL(meminfo_fn, rt, h);
+    cudaError_t r = real(free_b, total_b);
+    if (r == cudaSuccess && gg_enter()) {
+        gg_guard_meminfo(gg_device_count == 1 ? 0 : gg_runtime_device(rt), free_b, total_b);
+        gg_leave();
+    }
+    return r;
+}
+
+/* Driver entry points: PyTorch's expandable segments, CuPy. */
+typedef cudaError_t (*entry_fn)(const char *, void **, unsigned long long,
+                                enum cudaDriverEntryPointQueryResult *);
+static cudaError_t body_RT_ENTRY(enum gg_hook h, enum gg_rt rt, const char *sym, void **fn,
+                                 unsigned long long flags, enum cudaDriverEntryPointQueryResult *st)
+{
+    REAL(entry_fn, rt, h);
+    cudaError_t r = real(sym, fn, flags, st);
+    if (r == cudaSuccess && fn && *fn)
+        *fn = gg_hook_driver_entry(sym, *fn, flags);
+    return r;
+}
+
+typedef cudaError_t (*entry_v_fn)(const char *, void **, unsigned int, unsigned long long,
+                                  enum cudaDriverEntryPointQueryResult *);
+static cudaError_t body_RT_ENTRY_V(enum gg_hook h, enum gg_rt rt, const char *sym, void **fn,
+                                   unsigned int version, unsigned long long flags,
+                                   enum cudaDriverEntryPointQueryResult *st)
+{
+    REAL(entry_v_fn, rt, h);
+    cudaError_t r = real(sym, fn, version, flags, st);
+    if (r == cudaSuccess && fn && *fn)
+        *fn = gg_hook_driver_entry(sym, *fn, flags);
+    return r;
+}
+
+/* ---- the exports, from hooks.def ----------------------------------------------------- */
+
+#define RET_RT cudaError_t
+#define SIG_RT_ALLOC (void **p, size_t n)
+#define ARGS_RT_ALLOC (p, n)
+#define SIG_RT_ASYNC (void **p, size_t n, cudaStream_t s)
+#define ARGS_RT_ASYNC (p, n, s)
+#define SIG_RT_POOL (void **p, size_t n, cudaMemPool_t pool, cudaStream_t s)
+#define ARGS_RT_POOL (p, n, pool, s)
+#define SIG_RT_MANAGED (void **p, size_t n, unsigned int flags)
+#define ARGS_RT_MANAGED (p, n, flags)
+#define SIG_RT_PITCH (void **p, size_t *pitch, size_t w, size_t hgt)
+#define ARGS_RT_PITCH (p, pitch, w, hgt)
+#define SIG_RT_FREE (void *p)
+#define ARGS_RT_FREE (p)
+#define SIG_RT_FREE_ASYNC (void *p, cudaStream_t s)
+#define ARGS_RT_FREE_ASYNC (p, s)
+#define SIG_RT_MEMINFO (size_t * free_b, size_t *total_b)
+#define ARGS_RT_MEMINFO (free_b, total_b)
+#define SIG_RT_ENTRY \
+    (const char *sym, void **fn, unsigned long long flags, enum cudaDriverEntryPointQueryResult *st)
+#define ARGS_RT_ENTRY (sym, fn, flags, st)
+#define SIG_RT_ENTRY_V                                                                  \
+    (const char *sym, void **fn, unsigned int version, unsigned long long flags,       \
+     enum cudaDriverEntryPointQueryResult *st)
+#define ARGS_RT_ENTRY_V (sym, fn, version, flags, st)
+
+#define EXPAND(...) __VA_ARGS__
+
+/* One exported function `name` forwarding to runtime rt (the parameter
+ * lists are expanded before they are pasted in). */
+#define RT_FN(name, rt, id, shape) RT_FN_(name, rt, id, shape, SIG_##shape, ARGS_##shape)
+#define RT_FN_(name, rt, id, shape, sig, args)                      \
+    GG_EXPORT RET_RT CUDARTAPI name sig;                            \
+    GG_EXPORT RET_RT CUDARTAPI name sig                             \
+    {                                                               \
+        return body_##shape(GG_HOOK_##id, rt, EXPAND args);         \
+    }
+
+/* The unversioned copy, exported under the function's own name. */
+#define RT_PLAIN(id, export, shape) RT_FN(export, GG_RT_ANY, id, shape)
+
+/* The copy for runtime version V: export@<version node>. */
+#define RT_COPY(V, id, export, shape)                      \
+    RT_FN(gg_rt_##V##_##export, GG_RT_##V, id, shape)     \
+    __asm__(".symver gg_rt_" #V "_" #export ", " #export "@" GG_RT_NAME_##V);
+
+_Static_assert(GG_RT_COUNT == 4, "RT_COPIES must name every version of GG_RUNTIME_VERSIONED");
+#define RT_COPIES(id, export, shape) \
+    RT_COPY(11, id, export, shape) RT_COPY(12, id, export, shape) RT_COPY(13, id, export, shape)
+
+/* cudaGetDriverEntryPoint is deprecated since CUDA 12.5 in favour of the
+ * ByVersion form, and still what PyTorch 2.x calls. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#define HOOK_DRV(id, export, shape)
+#define HOOK_RT(id, export, shape) RT_PLAIN(id, export, shape) RT_COPIES(id, export, shape)
+#define HOOK(id, family, export, base, min, max, ptsz, shape, journal) HOOK_##family(id, export, shape)
+#include "hooks.def"
+#undef HOOK
+#pragma GCC diagnostic pop

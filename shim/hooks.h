@@ -1,0 +1,47 @@
+/* hooks.h - layer 6: the table of hooks.def, for the files that intercept. */
+#ifndef GG_HOOKS_H
+#define GG_HOOKS_H
+
+#include <stdbool.h>
+
+enum gg_hook {
+#define HOOK(id, family, export, base, min, max, ptsz, shape, journal) GG_HOOK_##id,
+#include "hooks.def"
+#undef HOOK
+    GG_HOOK_COUNT
+};
+
+struct gg_hook_info {
+    const char *export;   /* the exported symbol */
+    const char *base;     /* DRV: cuGetProcAddress's name */
+    const char *journal;  /* the journal's `api` */
+    int min, max;         /* DRV: CUDA versions with this ABI */
+    bool driver;          /* family DRV */
+    bool ptsz;            /* DRV: has a per-thread-default-stream variant */
+};
+extern const struct gg_hook_info gg_hooks[GG_HOOK_COUNT];
+
+/* GPUGUARD_DRIVER_HOOKS is not 0 (read once, whenever first asked: the
+ * driver's lookups can come before the shim starts). */
+bool gg_hooks_driver_enabled(void);
+
+/* ---- hook_driver.c: the driver's hooks, handed out at lookups ---------------- */
+
+/* Where a driver pointer was looked up: a driver lookup (dlsym on libcuda,
+ * cuGetProcAddress: static runtimes such as NCCL's; counted, refused only
+ * under enforce = all) or an entry point (cudaGetDriverEntryPoint: refusable). */
+enum gg_origin { GG_ORIGIN_DRIVER = 0, GG_ORIGIN_ENTRY = 1 };
+
+/* The hook to hand out for the driver function `real` found under `name`:
+ * an exported name when version < 0 (dlsym), else a cuGetProcAddress base
+ * name with that CUDA version and flags. `real` itself when not hooked. */
+void *gg_hook_driver_lookup(const char *name, void *real, enum gg_origin origin,
+                            unsigned long long flags, int version);
+
+/* Is `name` the exported name of a hooked driver function (or its _ptsz)? */
+bool gg_hook_driver_wanted(const char *name);
+
+/* For cudaGetDriverEntryPoint: make a looked-up pointer an entry-origin hook. */
+void *gg_hook_driver_entry(const char *symbol, void *fn, unsigned long long flags);
+
+#endif /* GG_HOOKS_H */

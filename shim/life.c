@@ -1,0 +1,256 @@
+/* life.c - layer 5: the shim's life: lazy start, the gate, fork, exit
+ * (see gate.h). */
+#include "gate.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "advice.h"
+#include "device.h"
+#include "events.h"
+#include "guard.h"
+#include "journal.h"
+#include "ledger.h"
+#include "maps.h"
+#include "react.h"
+#include "settings.h"
+#include "sites.h"
+#include "stack.h"
+#include "symbolize.h"
+
+_Atomic int gg_state = GG_STATE_UNSTARTED;
+GG_TLS int gg_depth;
+
+static struct gg_process proc;
+static pid_t start_pid;      /* the process that started; its children never finish */
+static _Atomic bool finished;
+
+/* ---- problems while starting --------------------------------------------------- */
+
+/* Each problem is one line on stderr and one `error` event; a file says at
+ * most PER_FILE of them, then how many more there were. */
+#define PER_FILE 10
+#define FILES 16
+static struct {
+    char file[GG_PATH_MAX];
+    int count;
+} said[FILES];
+static int nsaid;
+
+static void report(void *ctx, const char *file, int line, const char *msg)
+{
+    (void)ctx;
+    int k = 0;
+    while (k < nsaid && strcmp(said[k].file, file) != 0)
+        k++;
+    if (k == nsaid && nsaid < FILES)
+        snprintf(said[nsaid++].file, GG_PATH_MAX, "%s", file);
+    if (k < FILES && ++said[k].count > PER_FILE)
+        return;
+    if (!*file)
+        gg_events_error("%s", msg);
+    else if (line > 0)
+        gg_events_error("%s:%d: %s", file, line, msg);
+    else
+        gg_events_error("%s: %s", file, msg);
+}
+
+static void report_more(void)
+{
+    for (int k = 0; k < nsaid; k++)
+        if (said[k].count > PER_FILE)
+            gg_events_error("%s: ...and %d more problem%s (gpuguard-check --lint %s lists them)",
+                            said[k].file, said[k].count - PER_FILE,
+                            said[k].count - PER_FILE == 1 ? "" : "s", said[k].file);
+    nsaid = 0;
+}
+
+/* ---- start ------------------------------------------------------------------------ */
+
+static bool is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* The policies installed beside the library (<libdir>/../share/gpuguard/
+ * policy), or the source tree's policy/ when the library runs from build/. */
+static void default_policy_dir(char *out, size_t cap)
+{
+    Dl_info info;
+    char lib[PATH_MAX];
+    static const char *const tries[] = {"../share/gpuguard/policy", "../policy", "../../policy"};
+    out[0] = '\0';
+    if (!dladdr((void *)&default_policy_dir, &info) || !info.dli_fname ||
+        !realpath(info.dli_fname, lib))
+        return;
+    char *slash = strrchr(lib, '/');
+    if (!slash)
+        return;
+    *slash = '\0';
+    for (size_t i = 0; i < GG_COUNT(tries); i++) {
+        char cand[PATH_MAX + 32];
+        int n = snprintf(cand, sizeof cand, "%s/%s", lib, tries[i]);
+        if (n > 0 && (size_t)n < cap && is_dir(cand)) {
+            memcpy(out, cand, (size_t)n + 1);
+            return;
+        }
+    }
+}
+
+/* The one fork story, for every lock of the shim. A child of a started
+ * process passes through for good: its CUDA state is not the parent's (CUDA
+ * does not survive fork) and the summary is the parent's to write. So the
+ * child never reads the shim's tables again, and their consistency there
+ * does not matter; only a lock that a parent thread held at the fork must
+ * not stay held, since the C API may still be called. */
+static void child_after_fork(void)
+{
+    atomic_store(&gg_state, GG_STATE_PASSTHROUGH);
+    gg_advice_after_fork();
+    gg_ledger_after_fork();
+    gg_sites_after_fork();
+    gg_maps_after_fork();
+    gg_guard_after_fork();
+    gg_symbolize_after_fork();
+    gg_journal_drop();
+}
+
+static void at_exit(void)
+{
+    gg_life_finish();
+}
+
+static bool all_off(int n)
+{
+    for (int i = 0; i < n; i++)
+        if (gg_devices[i].mode != GG_MODE_OFF)
+            return false;
+    return true;
+}
+
+static bool start(void)
+{
+    char dir[GG_PATH_MAX];
+    /* Off is off, however it is spelled: not a trace of the shim. */
+    if (gg_settings_env_off())
+        return false;
+    gg_clock_start();
+    start_pid = getpid();
+    gg_journal_hold(); /* problems found before the journal opens wait for it */
+    gg_process_defaults(&proc);
+    gg_process_from_env(&proc, report, NULL);
+    if (!proc.policy[0]) {
+        default_policy_dir(dir, sizeof dir);
+        snprintf(proc.policy, sizeof proc.policy, "%s", dir);
+    }
+    int n = gg_devices_init(&proc, report, NULL);
+    report_more();
+    if (!n || all_off(n)) {
+        gg_journal_release(false);
+        return false;
+    }
+    gg_stack_warmup();
+    char comm[64], host[256] = "";
+    gg_proc_name(comm, sizeof comm);
+    gethostname(host, sizeof host - 1);
+    bool open = gg_journal_open(gg_device_policy(0)->s.journal_dir, comm, proc.rank);
+    gg_events_start(comm, host, proc.rank);
+    gg_journal_release(open);
+    atexit(at_exit);
+    return true;
+}
+
+bool gg_enter_slow(void)
+{
+    int s = atomic_load(&gg_state);
+    if (s == GG_STATE_UNSTARTED) {
+        int expected = GG_STATE_UNSTARTED;
+        if (atomic_compare_exchange_strong(&gg_state, &expected, GG_STATE_STARTING)) {
+            /* Before anything else: a child forked while this thread starts
+             * must not wait for a start that will never finish there. */
+            pthread_atfork(NULL, NULL, child_after_fork);
+            gg_depth = 1; /* whatever the start calls passes through */
+            bool ok = start();
+            atomic_store(&gg_state, ok ? GG_STATE_ACTIVE : GG_STATE_PASSTHROUGH);
+            if (!ok)
+                gg_depth = 0;
+            else if (gg_advice_registered())
+                gg_react_registered(gg_guard_trainer_registered()); /* told before CUDA */
+            return ok;
+        }
+        s = expected;
+    }
+    /* Another thread is starting: wait for it (nothing may go uncounted),
+     * but never forever. */
+    for (int i = 0; s == GG_STATE_STARTING && i < 200000; i++) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+        s = atomic_load(&gg_state);
+    }
+    if (s == GG_STATE_ACTIVE) {
+        gg_depth = 1;
+        return true;
+    }
+    return false;
+}
+
+void gg_life_registered(void)
+{
+    if (gg_active())
+        gg_react_registered(gg_guard_trainer_registered());
+}
+
+/* ---- exit ---------------------------------------------------------------------------- */
+
+static bool device_used(const struct gg_device *d, int dev)
+{
+    return gg_ledger_allocs(dev) || atomic_load(&d->ooms) || atomic_load(&d->refusals);
+}
+
+static void say_summary(void)
+{
+    const char *path = gg_journal_path();
+    bool any = false;
+    for (int i = 0; i < gg_device_count; i++) {
+        const struct gg_device *d = &gg_devices[i];
+        if (!device_used(d, i))
+            continue;
+        any = true;
+        char peak[32], used[32], total[32], limit[32];
+        gg_fmt_bytes(peak, sizeof peak, atomic_load(&d->peak));
+        gg_fmt_bytes(used, sizeof used, atomic_load(&d->peak_used));
+        gg_fmt_bytes(total, sizeof total, d->total);
+        gg_fmt_bytes(limit, sizeof limit, d->limit);
+        unsigned long long nm = atomic_load(&d->near_misses), rf = atomic_load(&d->refusals),
+                           oo = atomic_load(&d->ooms);
+        char extra[64] = "";
+        if (oo)
+            snprintf(extra, sizeof extra, ", %llu OOM%s", oo, oo == 1 ? "" : "s");
+        gg_say("GPU%d %s: peak %s (device %s) of %s, limit %s; %llu near miss%s, %llu refused%s; "
+               "journal %s",
+               i, d->name, peak, used, total, d->total ? limit : "none", nm,
+               nm == 1 ? "" : "es", rf, extra, path ? path : "(none)");
+    }
+    if (!any)
+        gg_say("no device memory allocated; journal %s", path ? path : "(none)");
+}
+
+void gg_life_finish(void)
+{
+    if (getpid() != start_pid || atomic_exchange(&finished, true))
+        return;
+    int s = atomic_load(&gg_state);
+    if (s != GG_STATE_ACTIVE && s != GG_STATE_PASSTHROUGH)
+        return;
+    gg_events_summary(gg_clock_since_start());
+    if (!proc.quiet)
+        say_summary();
+}

@@ -1,0 +1,24 @@
+/* react.h - layer 4: what the shim does about a verdict.
+ *
+ * The guard decides and says what happened (guard.h); this turns it into
+ * journal lines (events.h) and advice (advice.h): the incident's line, then
+ * the advice's line, then the signal, so a handler that attaches a note
+ * finds its advice already in the journal.
+ */
+#ifndef GG_REACT_H
+#define GG_REACT_H
+
+#include <stdint.h>
+
+#include "guard.h"
+
+/* After a decision on call c (never on the fast path: gg_verdict_any). */
+void gg_react(const struct gg_call *c, const struct gg_verdict *v);
+
+/* After a free on device dev. */
+void gg_react_free(int dev, const struct gg_verdict *v);
+
+/* Devices (a bit each) switched to enforce by a trainer's registration. */
+void gg_react_registered(uint64_t switched);
+
+#endif /* GG_REACT_H */
