@@ -292,17 +292,24 @@ static cudaError_t body_RT_ENTRY_V(enum gg_hook h, enum gg_rt rt, const char *sy
         return body_##shape(GG_HOOK_##id, rt, EXPAND args);         \
     }
 
-/* The unversioned copy, exported under the function's own name. */
-#define RT_PLAIN(id, export, shape) RT_FN(export, GG_RT_ANY, id, shape)
+/* The copy for unversioned callers: export@@GPUGUARD_CUDART, the default.
+ * Not the base version: glibc lets a versioned reference bind to a symbol
+ * of the base version, so a caller of cudaMalloc@libcudart.so.12 could land
+ * on it; a named version it rejects. */
+#define RT_PLAIN(id, export, shape)                    \
+    RT_FN(gg_rt_any_##export, GG_RT_ANY, id, shape)    \
+    __asm__(".symver gg_rt_any_" #export ", " #export "@@GPUGUARD_CUDART");
 
 /* The copy for runtime version V: export@<version node>. */
 #define RT_COPY(V, id, export, shape)                      \
     RT_FN(gg_rt_##V##_##export, GG_RT_##V, id, shape)     \
     __asm__(".symver gg_rt_" #V "_" #export ", " #export "@" GG_RT_NAME_##V);
 
-_Static_assert(GG_RT_COUNT == 4, "RT_COPIES must name every version of GG_RUNTIME_VERSIONED");
-#define RT_COPIES(id, export, shape) \
-    RT_COPY(11, id, export, shape) RT_COPY(12, id, export, shape) RT_COPY(13, id, export, shape)
+_Static_assert(GG_RT_COUNT == 6, "RT_COPIES must name every version of GG_RUNTIME_VERSIONED");
+#define RT_COPIES(id, export, shape)                                   \
+    RT_COPY(11, id, export, shape) RT_COPY(12, id, export, shape)      \
+    RT_COPY(13, id, export, shape) RT_COPY(14, id, export, shape)      \
+    RT_COPY(15, id, export, shape)
 
 /* cudaGetDriverEntryPoint is deprecated since CUDA 12.5 in favour of the
  * ByVersion form, and still what PyTorch 2.x calls. */

@@ -22,13 +22,18 @@
 #include <stdbool.h>
 
 /* The runtime versions the shim exports a copy for (the version nodes of
- * libcudart's symbols), and GG_RT_ANY: the unversioned copy, for callers
- * bound to no version or to one not listed here (the first runtime in the
- * global scope, or any loaded one). shim/gpuguard.map names the same nodes. */
+ * libcudart's symbols; 14 and 15 for the runtimes to come, whose calls
+ * would otherwise pass the shim by), and GG_RT_ANY: the copy for unversioned
+ * callers (ctypes, dlsym(RTLD_DEFAULT)): the first runtime in the global
+ * scope, or any loaded one. shim/gpuguard.map names the same nodes. */
 #define GG_RT_NAME_11 "libcudart.so.11.0"
 #define GG_RT_NAME_12 "libcudart.so.12"
 #define GG_RT_NAME_13 "libcudart.so.13"
-#define GG_RUNTIME_VERSIONED(X) X(11, GG_RT_NAME_11) X(12, GG_RT_NAME_12) X(13, GG_RT_NAME_13)
+#define GG_RT_NAME_14 "libcudart.so.14"
+#define GG_RT_NAME_15 "libcudart.so.15"
+#define GG_RUNTIME_VERSIONED(X)                                             \
+    X(11, GG_RT_NAME_11) X(12, GG_RT_NAME_12) X(13, GG_RT_NAME_13)          \
+    X(14, GG_RT_NAME_14) X(15, GG_RT_NAME_15)
 enum gg_rt {
     GG_RT_ANY,
 #define GG_RT_ENUM(id, name) GG_RT_##id,

@@ -3,17 +3,23 @@
 #
 #   libcuda.so.1      fake driver (SONAME libcuda.so.1) + libcuda.so link
 #   libcudart.so.13   fake runtime, -Bsymbolic, no DT_NEEDED on libcuda,
-#                     dlopens libcuda.so.1 (RUNPATH $ORIGIN) + libcudart.so link
+#                     dlopens libcuda.so.1 (RUNPATH $ORIGIN) + libcudart.so link;
+#                     symbols versioned libcudart.so.13, as the real one's are
+#   libcudart.so.12   the same source as a CUDA 12.8 runtime (version node
+#                     libcudart.so.12): two runtimes in one process
+#   libplugin12/13.so an extension linked against one runtime (tests/fake/plugin.c)
 #   libtorchlike.so   PyTorch-like caching allocator, needs libcudart.so.13
 #   libnccllike.so    NCCL-like library, no runtime, dlopens libcuda.so.1
 
 FAKE_DIR    := $(BUILD)/fake
 FAKE_CUDA   := $(FAKE_DIR)/libcuda.so.1
 FAKE_CUDART := $(FAKE_DIR)/libcudart.so.13
+FAKE_CUDART12 := $(FAKE_DIR)/libcudart.so.12
 FAKE_TORCH  := $(FAKE_DIR)/libtorchlike.so
 FAKE_NCCL   := $(FAKE_DIR)/libnccllike.so
+FAKE_PLUGINS := $(FAKE_DIR)/libplugin12.so $(FAKE_DIR)/libplugin13.so
 FAKE_LIBS   := $(FAKE_CUDA) $(FAKE_DIR)/libcuda.so $(FAKE_CUDART) $(FAKE_DIR)/libcudart.so \
-               $(FAKE_TORCH) $(FAKE_NCCL)
+               $(FAKE_CUDART12) $(FAKE_TORCH) $(FAKE_NCCL) $(FAKE_PLUGINS)
 
 $(FAKE_CUDA): tests/fake/fakecuda.c | $(BUILD)/fake
 	$(CC) $(CFLAGS) $(CUDA_INC) -shared -Wl,-soname,libcuda.so.1 $< -o $@ \
@@ -22,11 +28,26 @@ $(FAKE_CUDA): tests/fake/fakecuda.c | $(BUILD)/fake
 $(FAKE_DIR)/libcuda.so: $(FAKE_CUDA)
 	ln -sf libcuda.so.1 $@
 
-$(FAKE_CUDART): tests/fake/fakecudart.c | $(BUILD)/fake
-	$(CC) $(CFLAGS) $(CUDA_INC) -shared -Wl,-soname,libcudart.so.13 -Wl,-Bsymbolic \
-	  -Wl,-rpath,'$$ORIGIN' $< -o $@ $(LDFLAGS) -ldl -lpthread
+# A runtime of version V: soname libcudart.so.V, every symbol in node
+# libcudart.so.V.
+define fake_cudart
+	printf 'libcudart.so.%s { global: *; };\n' $(1) > $@.map
+	$(CC) $(CFLAGS) $(CUDA_INC) -DRT_VERSION=$(2) -shared -Wl,-soname,libcudart.so.$(1) \
+	  -Wl,-Bsymbolic -Wl,--version-script=$@.map -Wl,-rpath,'$$ORIGIN' $< -o $@ $(LDFLAGS) \
+	  -ldl -lpthread
 	@! readelf -d $@ | grep -q 'NEEDED.*libcuda\.so' || \
 	  { echo "fake: $@ must not need libcuda" >&2; rm -f $@; exit 1; }
+endef
+
+$(FAKE_CUDART): tests/fake/fakecudart.c | $(BUILD)/fake
+	$(call fake_cudart,13,13000)
+
+$(FAKE_CUDART12): tests/fake/fakecudart.c | $(BUILD)/fake
+	$(call fake_cudart,12,12080)
+
+$(FAKE_DIR)/libplugin%.so: tests/fake/plugin.c $(FAKE_DIR)/libcudart.so.% | $(BUILD)/fake
+	$(CC) $(CFLAGS) $(CUDA_INC) -shared $< -o $@ $(LDFLAGS) -L$(FAKE_DIR) \
+	  -l:libcudart.so.$* -Wl,-rpath,'$$ORIGIN' -ldl
 
 $(FAKE_DIR)/libcudart.so: $(FAKE_CUDART)
 	ln -sf libcudart.so.13 $@

@@ -42,7 +42,7 @@ CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
 CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
                                               CUmemoryPool pool, CUstream hStream);
 
-#define FAKE_DRIVER_VERSION 13000
+#define FAKE_DRIVER_VERSION 13000 /* FAKECUDA_DRIVER_VERSION overrides it */
 #define MAXDEV              64
 #define STATE_FILE_SIZE     4096
 #define NSHARD              64
@@ -399,6 +399,38 @@ static int open_state(const char *path)
     return 0;
 }
 
+/* FAKECUDA_FAIL_TOTALMEM=1 (cuDeviceTotalMem fails: a driver
+ * query error), FAKECUDA_CALLS=FILE (at exit, "cuMemGetInfo N" is appended:
+ * how often the process read the device). Read once, at cuInit.
+ * (FAKECUDA_DRIVER_VERSION, e.g. 12080 for a 12.8 driver too old for a CUDA
+ * 13 runtime, is read by cuDriverGetVersion itself.) */
+static int g_fail_totalmem;
+static const char *g_calls_file;
+static _Atomic unsigned long long g_meminfo_calls;
+
+static void parse_misc(void)
+{
+    const char *v = getenv("FAKECUDA_FAIL_TOTALMEM");
+    g_fail_totalmem = v && *v == '1';
+    g_calls_file = getenv("FAKECUDA_CALLS");
+}
+
+static void write_calls(void)
+{
+    if (!g_calls_file || !*g_calls_file)
+        return;
+    int fd = open(g_calls_file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+    if (fd < 0)
+        return;
+    char line[64];
+    int n = snprintf(line, sizeof line, "cuMemGetInfo %llu\n",
+                     (unsigned long long)atomic_load(&g_meminfo_calls));
+    if (write(fd, line, (size_t)n) < 0) {
+        /* nothing to do */
+    }
+    close(fd);
+}
+
 static void mark_init(void)
 {
     const char *path = getenv("FAKECUDA_INIT_MARK");
@@ -421,6 +453,7 @@ static void at_exit(void)
 {
     if (atomic_load(&g_forked) || !atomic_load(&g_ready))
         return;
+    write_calls();
     for (int i = 0; i < NSHARD; i++) {
         struct shard *s = &g_sh[i];
         pthread_mutex_lock(&s->mu);
@@ -464,6 +497,7 @@ static void do_init(void)
         pthread_mutex_init(&g_sh[i].mu, NULL);
     parse_devices();
     parse_fail();
+    parse_misc();
     const char *cb = getenv("FAKECUDA_CONTEXT_BYTES");
     if (cb && *cb && parse_size(cb, &g_ctx_bytes) != 0) {
         fprintf(stderr, "fakecuda: bad FAKECUDA_CONTEXT_BYTES '%s'\n", cb);
@@ -574,7 +608,8 @@ CUresult CUDAAPI cuDriverGetVersion(int *driverVersion)
 {
     if (!driverVersion)
         return CUDA_ERROR_INVALID_VALUE;
-    *driverVersion = FAKE_DRIVER_VERSION;
+    const char *v = getenv("FAKECUDA_DRIVER_VERSION"); /* callable before cuInit */
+    *driverVersion = v && *v ? atoi(v) : FAKE_DRIVER_VERSION;
     return CUDA_SUCCESS;
 }
 
@@ -624,6 +659,8 @@ CUresult CUDAAPI cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
         return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(dev))
         return CUDA_ERROR_INVALID_DEVICE;
+    if (g_fail_totalmem)
+        return CUDA_ERROR_UNKNOWN;
     *bytes = g_dev[dev].total;
     return CUDA_SUCCESS;
 }
@@ -769,6 +806,7 @@ CUresult CUDAAPI cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (!free_bytes || !total)
         return CUDA_ERROR_INVALID_VALUE;
+    atomic_fetch_add(&g_meminfo_calls, 1);
     int d = t_cur->dev;
     uint64_t used = atomic_load_explicit(&g_st->used[d], memory_order_relaxed);
     *total = g_dev[d].total;

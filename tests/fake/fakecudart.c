@@ -21,7 +21,11 @@
 #include <string.h>
 #include <unistd.h>
 
+/* 13000, or what the build says: the same source makes the fake
+ * libcudart.so.12 (12080) and libcudart.so.13, each with its version node. */
+#ifndef RT_VERSION
 #define RT_VERSION 13000
+#endif
 #define MAXDEV     64
 
 typedef CUresult (*pfn_getproc)(const char *, void **, int, cuuint64_t,
@@ -175,6 +179,12 @@ static void do_init(void)
 {
     if ((g_init_err = rt_load()) != cudaSuccess)
         return;
+    /* Like the real runtime: a driver of an older major version cannot run it. */
+    int drv = 0;
+    if (D.DriverGetVersion(&drv) == CUDA_SUCCESS && drv / 1000 < RT_VERSION / 1000) {
+        g_init_err = cudaErrorInsufficientDriver;
+        return;
+    }
     CUresult r = D.Init(0);
     if (r == CUDA_SUCCESS)
         r = D.DeviceGetCount(&g_ndev);

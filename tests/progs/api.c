@@ -13,11 +13,16 @@
  *   api ack-cycle SIZE          fill until refused; ack the advice; fill again: a second advice
  *   api advice-threads N SIZE   N threads fill at once; print the pending advice's seq
  *   api note TEXT               attach TEXT to the journal
+ *   api advice-storm N SIZE     the main thread reads the advice without pause while a
+ *                               worker is refused N times, each refusal signalling a
+ *                               SIGUSR2 handler that reads the advice too: the signal
+ *                               must never find a thread waiting on itself
  */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,6 +173,35 @@ static void *fill_thread(void *v)
     return NULL;
 }
 
+static volatile sig_atomic_t storm_reads;
+static _Atomic int storm_stop;
+
+static void on_usr2_read(int sig)
+{
+    (void)sig;
+    struct gpuguard_advice a;
+    if (advice_fn && advice_fn(&a))
+        storm_reads++;
+}
+
+struct storm_arg { int rounds, refused; unsigned long long size; };
+
+static void *storm_filler(void *v)
+{
+    struct storm_arg *a = v;
+    void *mine[64];
+    for (int r = 0; r < a->rounds; r++) {
+        int n = 0;
+        while (n < 64 && fill_step(&mine[n], a->size) == cudaSuccess)
+            n++;
+        a->refused += n < 64;
+        for (int i = 0; i < n; i++)
+            cudaFree(mine[i]);
+    }
+    atomic_store(&storm_stop, 1);
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     lookup();
@@ -244,6 +278,24 @@ int main(int argc, char **argv)
         for (int i = 0; i < nt; i++)
             pthread_join(t[i], NULL);
         print_advice();
+    } else if (!strcmp(cmd, "advice-storm") && argc > 3) {
+        /* The main thread, which a process-directed signal goes to first,
+         * reads the advice without pause; a worker is refused again and
+         * again, each refusal signalling the handler. */
+        static struct storm_arg a;
+        a.rounds = atoi(argv[2]);
+        a.size = parse_size(argv[3]);
+        pthread_t t;
+        struct gpuguard_advice adv;
+        signal(SIGUSR2, on_usr2_read);
+        if (set_batch_fn)
+            set_batch_fn(64, 1);
+        pthread_create(&t, NULL, storm_filler, &a);
+        while (!atomic_load(&storm_stop))
+            if (advice_fn)
+                advice_fn(&adv);
+        pthread_join(t, NULL);
+        printf("storm: %d refused, %d read in the handler\n", a.refused, (int)storm_reads);
     } else if (!strcmp(cmd, "note") && argc > 2) {
         void *p;
         cudaMalloc(&p, 1 << 20);

@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -27,7 +28,7 @@
 cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
 cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
 
-enum kind { S_MALLOC, S_ASYNC, S_ASYNC_PTSZ, S_POOL, S_MANAGED, S_PITCH, S_DRV, S_VMM };
+enum kind { S_MALLOC, S_ASYNC, S_ASYNC_PTSZ, S_POOL, S_MANAGED, S_PITCH, S_DRV, S_VMM, S_VMMREL };
 
 struct slot {
     enum kind kind;
@@ -167,7 +168,9 @@ static int get_vmm(struct vmm *v)
     return 0;
 }
 
-static int alloc_vmm(struct slot *s)
+/* release_early: release the handle right after mapping it, as NVIDIA's
+ * samples do; the memory lives until the unmap. */
+static int alloc_vmm(struct slot *s, int release_early)
 {
     struct vmm v;
     int r = get_vmm(&v);
@@ -199,6 +202,8 @@ static int alloc_vmm(struct slot *s)
         v.Release(s->handle);
         return r;
     }
+    if (release_early && (r = (int)v.Release(s->handle)))
+        return r;
     return 0;
 }
 
@@ -224,7 +229,8 @@ static int do_alloc(enum kind k, size_t size, struct slot *s)
         return (int)cudaMallocPitch(&s->p, &pitch, size, 1);
     }
     case S_DRV: return alloc_drv(s);
-    case S_VMM: return alloc_vmm(s);
+    case S_VMM: return alloc_vmm(s, 0);
+    case S_VMMREL: return alloc_vmm(s, 1);
     }
     return 1;
 }
@@ -242,14 +248,15 @@ static int do_free(struct slot *s)
         CUresult (*fn)(CUdeviceptr) = (CUresult(*)(CUdeviceptr))entry("cuMemFree", 0);
         return fn ? (int)fn(s->va) : CUDA_ERROR_NOT_FOUND;
     }
-    case S_VMM: {
+    case S_VMM:
+    case S_VMMREL: {
         struct vmm v;
         int r = get_vmm(&v);
         if (r)
             return r;
         if ((r = (int)v.Unmap(s->va, s->size)))
             return r;
-        if ((r = (int)v.Release(s->handle)))
+        if (s->kind == S_VMM && (r = (int)v.Release(s->handle)))
             return r;
         return (int)v.AddrFree(s->va, s->size);
     }
@@ -379,7 +386,7 @@ static int api_kind(const char *name, enum kind *k)
     } t[] = {
         {"malloc", S_MALLOC}, {"async", S_ASYNC},     {"async_ptsz", S_ASYNC_PTSZ},
         {"pool", S_POOL},     {"managed", S_MANAGED}, {"pitch", S_PITCH},
-        {"drv", S_DRV},       {"vmm", S_VMM},
+        {"drv", S_DRV},       {"vmm", S_VMM},         {"vmmrel", S_VMMREL},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         if (strcmp(t[i].name, name) == 0) {
@@ -431,6 +438,25 @@ static void run(char *cmd)
         cudaError_t e = cudaSetDevice((int)need_int(arg));
         if (e)
             printf("setdev %s: error %d\n", arg, (int)e);
+    } else if (strcmp(cmd, "lasterror") == 0) {
+        printf("lasterror: %d\n", (int)cudaGetLastError());
+    } else if (strcmp(cmd, "dlsym") == 0 && arg) {
+        /* Whose function does a lookup on libcuda's handle hand out? */
+        int n;
+        cudaGetDeviceCount(&n); /* the runtime loads its driver */
+        void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        void *fn = h ? dlsym(h, arg) : NULL;
+        Dl_info di;
+        const char *mod = fn && dladdr(fn, &di) && di.dli_fname ? di.dli_fname : "(none)";
+        const char *base = strrchr(mod, '/');
+        printf("dlsym %s: %s\n", arg, base ? base + 1 : mod);
+    } else if (strcmp(cmd, "closefds") == 0) {
+        /* What a daemon does: close every descriptor past stderr. */
+        for (int fd = 3; fd < 1024; fd++)
+            close(fd);
+    } else if (strcmp(cmd, "openfile") == 0 && arg) {
+        int fd = open(arg, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        printf("openfile: fd %d\n", fd);
     } else if (strcmp(cmd, "meminfo") == 0) {
         size_t f = 0, t = 0;
         cudaError_t e = cudaMemGetInfo(&f, &t);
