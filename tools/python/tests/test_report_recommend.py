@@ -192,6 +192,21 @@ class Recommend(Base):
                       run.stdout)
         self.assertIn("trainer   batch 11 x accum 3", run.stdout)
 
+    def test_ack_then_set_is_one_phase(self):
+        # The helper's accept() acks (a `batch` event) and then sets the same
+        # values (another, whose peak is the instant between): one phase.
+        run = trainer(REFUSED_RUN, steps=False)
+        events = []
+        for e in run.events:
+            events.append(e)
+            if e["ev"] == "batch":
+                events.append(dict(e, t=e["t"] + 1e-5, peak=6 * GiB))
+        run.events = events
+        [r] = self.recommend(run)
+        self.assertEqual([(b, p) for b, p, _ in r.points],
+                         [(4, linear(4)), (8, linear(8) + TOTAL // 100)])
+        self.assertEqual((r.batch, r.accum), (11, 3))
+
     def test_last_phase_without_step_events(self):
         # Without `step` lines the last phase's peak comes from its samples,
         # within 1% of total: the report adds that 1%, so it errs high.
