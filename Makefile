@@ -54,7 +54,7 @@ deps:
 	@sh tools/deps.sh install "$(CUDA_HOME)"
 
 $(BUILD)/shim/%.o: shim/%.c shim/*.h include/gpuguard.h | $(BUILD)/shim
-	$(CC) $(CFLAGS) -fvisibility=hidden -Iinclude $(CUDA_INC) $(DEP_CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) -fvisibility=hidden -DGPUGUARD_SHIM -Iinclude $(CUDA_INC) $(DEP_CFLAGS) -c $< -o $@
 
 $(SHIM_LIB): $(SHIM_OBJ)
 	$(CC) -shared -o $@ $^ $(LDFLAGS) -Wl,-z,defs -Wl,-z,nodelete -Wl,--as-needed $(DEP_LIBS) \
