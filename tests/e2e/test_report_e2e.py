@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-from gg import CHECK, FAKE, GiB, ROOT, Case
+from gg import CHECK, FAKE, ROOT, Case
 
 REPORT = os.path.join(ROOT, "tools", "gpuguard-report")
 H100 = "NVIDIA H100 80GB HBM3"
@@ -150,14 +150,15 @@ class ReportOfRealJournals(Case):
         self.sanitizer_clean(runs[2])
         journals = sorted(f for f in os.listdir(jobs) if f.endswith(".jsonl"))
         self.assertEqual(len(journals), 4)
+        with open(os.path.join(jobs, next(j for j in journals if ".rank2." in j))) as f:
+            pid2 = json.loads(f.readline())["pid"]
         out = self.report(jobs)
         self.assertEqual(out.returncode, 0, out.stderr)
         lines = out.stdout.splitlines()
         self.assertEqual(lines[0], "gpuguard report: 4 journals, 4 device sections; "
                                    "12 unused devices left out (nothing allocated there)")
         self.assertRegex(lines[1], r"^  first failure: rank 2 GPU2 %s \(host .*, pid %d\) at "
-                                   r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d, 0\.\d\d s into the run:$"
-                         % (H100, json.loads(open(os.path.join(jobs, [j for j in journals if ".rank2." in j][0])).readline())["pid"]))
+                                   r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d, 0\.\d\d s into the run:$" % (H100, pid2))
         self.assertRegex(lines[2], r"^    refused cudaMalloc of 40\.0 GiB with 3[12]\.\d GiB free under "
                                    r"the limit \(device used 4[01]\.\d GiB, limit 72\.0 GiB, total 80\.0 GiB\)")
         self.assertRegex(lines[3], r"^  rank 0 .* finished after ")

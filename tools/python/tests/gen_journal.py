@@ -24,7 +24,6 @@ dominate the time for 1 GB).
 """
 import argparse
 import json
-import os
 import random
 import sys
 

@@ -82,6 +82,7 @@ class Process(object):
 
     def step(self, t, step, dev, peak, peak_used, live):
         self.peak[dev] = max(self.peak.get(dev, 0), peak)
+        self.peak_used[dev] = max(self.peak_used.get(dev, 0), peak_used)
         self.events.append({"t": t, "ev": "step", "step": step, "dev": dev, "peak": peak,
                             "peak_used": peak_used, "live": live})
 

@@ -129,13 +129,6 @@ def write_journal(path, events, tail=""):
     return path
 
 
-class Opts(object):
-    frames = 4
-    depth = 12
-    threshold = 1.0
-    top_down = False
-
-
 class ReportTestBase(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="gg-report-")

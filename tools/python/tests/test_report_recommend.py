@@ -7,7 +7,6 @@ batch, so the recommendation's error is measured against the truth."""
 import configparser
 import io
 import os
-import re
 import shutil
 import subprocess
 import sys

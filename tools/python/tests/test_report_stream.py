@@ -20,7 +20,7 @@ if HERE not in sys.path:
 
 import gen_journal  # noqa: E402
 import shimlike  # noqa: E402
-from test_report import Opts, load_report  # noqa: E402
+from test_report import load_report  # noqa: E402
 
 rpt = load_report()
 GiB, MiB = shimlike.GiB, shimlike.MiB
