@@ -120,6 +120,7 @@ demo: deps
 bench: deps
 	@$(MAKE) --no-print-directory OPT=-O2 $(SHIM_LIB) $(FAKE_LIBS) $(BUILD)/bench/bench
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/run.py
+	@GG_BUILD=$(BUILD) $(PYTHON) bench/report_bench.py
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin \

@@ -1,19 +1,30 @@
 /* gpuguard.h - the C API of libgpuguard.so.
  *
- * These functions are exported by the preloaded library. A program that wants
- * to talk to the guard without linking against it looks them up at run time
- * (dlsym(RTLD_DEFAULT, "gpuguard_stats"), or ctypes.CDLL(None) from Python);
- * when the shim is not preloaded the lookup finds nothing and the program runs
- * unguarded. Every function is callable from any thread.
+ * The functions are exported by the preloaded library. A C or C++ trainer
+ * includes this header and builds with `pkg-config --cflags --libs gpuguard`:
+ * it does not link against the shim. Each function below is a static inline
+ * wrapper that finds the shim's function at its first call
+ * (dlsym(RTLD_DEFAULT, "gpuguard_stats"), ...). So the same binary runs
+ *
+ *   - under LD_PRELOAD=libgpuguard.so: the calls reach the guard;
+ *   - without it: gpuguard_active() is 0, gpuguard_stats() returns -1,
+ *     gpuguard_advice() returns 0, and the other functions do nothing.
+ *
+ * A function the running shim does not export (an older shim without
+ * gpuguard_step, say) is treated the same way. Every function is callable
+ * from any thread. From Python: ctypes.CDLL(None).gpuguard_stats and so on.
+ *
+ * Inside the shim (built with -DGPUGUARD_SHIM) the same names are the
+ * exported definitions of shim/api.c.
  */
 #ifndef GPUGUARD_H
 #define GPUGUARD_H
 
+#define GPUGUARD_VERSION "0.1.0"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define GPUGUARD_VERSION "0.1.0"
 
 /* One GPU as the guard sees it. Sizes in bytes. */
 struct gpuguard_stats {
@@ -33,8 +44,10 @@ struct gpuguard_advice {
     unsigned seq;                  /* increases with every advice */
     int dev;                       /* the device that asked */
     int batch_size, grad_accum;    /* advised values */
-    char reason[32];               /* near_miss, refused, oom, at_min */
+    char reason[32];               /* near_miss, refused, oom, at_min, forecast */
 };
+
+#ifdef GPUGUARD_SHIM
 
 /* 0 and *out filled, or -1: no such device, or the guard is not active. */
 int gpuguard_stats(int dev, struct gpuguard_stats *out);
@@ -46,6 +59,135 @@ void gpuguard_ack(unsigned seq);
 void gpuguard_set_batch(int batch_size, int grad_accum);
 /* Attach text (a Python stack, say) to the journal as a `note` event. */
 void gpuguard_note(const char *text);
+/* A training step ended (DESIGN.md section 2.7). */
+void gpuguard_step(unsigned long long step);
+
+#else /* a trainer: find the preloaded shim's functions at run time */
+
+#include <dlfcn.h>
+#include <string.h>
+
+#ifdef RTLD_DEFAULT
+#define GPUGUARD_RTLD_DEFAULT_ RTLD_DEFAULT
+#else
+#define GPUGUARD_RTLD_DEFAULT_ ((void *)0) /* glibc's value, when _GNU_SOURCE is not defined */
+#endif
+
+/* The shim's `name`, looked up once per slot; NULL when it is not there.
+ * The slots are read and written atomically: threads that race here look up
+ * the same symbol and store the same value. */
+static inline void *gpuguard_resolve_(void **slot, const char *name)
+{
+    static char missing;
+    void *p = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    if (!p) {
+        p = dlsym(GPUGUARD_RTLD_DEFAULT_, name);
+        if (!p)
+            p = &missing;
+        __atomic_store_n(slot, p, __ATOMIC_RELEASE);
+    }
+    return p == (void *)&missing ? (void *)0 : p;
+}
+
+/* C++: a function named like its struct (gpuguard_stats) "hides the
+ * constructor" for -Wshadow; the C API has these names, so say it once. */
+#if defined(__cplusplus) && defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wshadow"
+#endif
+
+/* 0 and *out filled, or -1: no such device, or the guard is not active. */
+static inline int gpuguard_stats(int dev, struct gpuguard_stats *out)
+{
+    static void *slot;
+    int (*fn)(int, struct gpuguard_stats *);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_stats");
+    if (!p)
+        return -1;
+    memcpy(&fn, &p, sizeof fn);
+    return fn(dev, out);
+}
+
+/* 1 and *out filled while an advice waits for its ack, else 0. */
+static inline int gpuguard_advice(struct gpuguard_advice *out)
+{
+    static void *slot;
+    int (*fn)(struct gpuguard_advice *);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_advice");
+    if (!p)
+        return 0;
+    memcpy(&fn, &p, sizeof fn);
+    return fn(out);
+}
+
+#if defined(__cplusplus) && defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+/* The trainer has shrunk as advice `seq` said: it becomes the current batch. */
+static inline void gpuguard_ack(unsigned seq)
+{
+    static void *slot;
+    void (*fn)(unsigned);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_ack");
+    if (p) {
+        memcpy(&fn, &p, sizeof fn);
+        fn(seq);
+    }
+}
+
+/* What the trainer runs now. */
+static inline void gpuguard_set_batch(int batch_size, int grad_accum)
+{
+    static void *slot;
+    void (*fn)(int, int);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_set_batch");
+    if (p) {
+        memcpy(&fn, &p, sizeof fn);
+        fn(batch_size, grad_accum);
+    }
+}
+
+/* Attach text (a Python stack, say) to the journal as a `note` event. */
+static inline void gpuguard_note(const char *text)
+{
+    static void *slot;
+    void (*fn)(const char *);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_note");
+    if (p) {
+        memcpy(&fn, &p, sizeof fn);
+        fn(text);
+    }
+}
+
+/* A training step ended (DESIGN.md section 2.7). */
+static inline void gpuguard_step(unsigned long long step)
+{
+    static void *slot;
+    void (*fn)(unsigned long long);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_step");
+    if (p) {
+        memcpy(&fn, &p, sizeof fn);
+        fn(step);
+    }
+}
+
+/* 1 when the shim is preloaded (its functions are there), else 0: the
+ * same test as the Python helper's `guard.active`. A shim that exports its
+ * own gpuguard_active has the last word. */
+static inline int gpuguard_active(void)
+{
+    static void *own, *stats;
+    int (*fn)(void);
+    void *p = gpuguard_resolve_(&own, "gpuguard_active");
+    if (p) {
+        memcpy(&fn, &p, sizeof fn);
+        return fn();
+    }
+    return gpuguard_resolve_(&stats, "gpuguard_stats") != (void *)0;
+}
+
+#endif /* GPUGUARD_SHIM */
 
 #ifdef __cplusplus
 }

@@ -20,8 +20,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYDIR = os.path.dirname(HERE)
 TOOLS = os.path.dirname(PYDIR)
 REPORT = os.path.join(TOOLS, "gpuguard-report")
-if PYDIR not in sys.path:
-    sys.path.insert(0, PYDIR)
+for _p in (PYDIR, HERE):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import shimlike  # noqa: E402
 
 
 def load_report():
@@ -124,13 +127,6 @@ def write_journal(path, events, tail=""):
             f.write(json.dumps(e) + "\n")
         f.write(tail)
     return path
-
-
-class Opts(object):
-    frames = 4
-    depth = 12
-    threshold = 1.0
-    top_down = False
 
 
 class ReportTestBase(unittest.TestCase):
@@ -298,6 +294,135 @@ class TextReportTest(ReportTestBase):
         self.assertIn("no gpuguard.*.jsonl journal", err)
 
 
+H100 = "NVIDIA H100 80GB HBM3"
+W0 = 1795000000.0
+
+
+def multi_rank(tmp, walls=True):
+    """A 4-rank job on 2 hosts, each process seeing 4 H100s and using one
+    (rank r: GPU r % 2). Ranks 0 and 1 finish. Rank 2 (started 1 s after
+    rank 0) is refused at 100 s and killed; rank 3 (started 31 s after rank
+    0) dies of a real OOM at 90 s: it failed second, though its own clock
+    says 90 < 100."""
+    devs = [shimlike.device(i, H100, 80 * GiB, 8 * GiB, 4 * GiB) for i in range(4)]
+    start = {0: 0.0, 1: 0.2, 2: 1.0, 3: 31.0}
+    paths = []
+    for r in range(4):
+        p = shimlike.Process(devs, pid=5000 + r, rank=r, host="node1" if r < 2 else "node2",
+                             wall=W0 + start[r])
+        if not walls:
+            del p.events[0]["wall"]
+        dev = r % 2
+        for i in range(4):
+            p.mode(0.5, i)      # the shim switches every auto device at registration
+        end = {0: 200, 1: 200, 2: 100, 3: 90}[r]
+        for k in range(1, end):
+            cur = 40 * GiB + (k % 7) * GiB
+            p.sample(k - 0.5, dev, cur, cur + GiB)
+            p.step(float(k), k, dev, cur + 2 * GiB, cur + 3 * GiB, 30 * GiB)
+        if r == 2:
+            p.incident("near_miss", 99.5, dev, 2 * GiB, 69 * GiB, count=1)
+            p.incident("refused", 100.0, dev, 6 * GiB, 70 * GiB)
+            p.advice(100.0001, 1, dev, 16, 2, "refused")
+            p.sample(100.2, dev, 45 * GiB, 46 * GiB)
+        elif r == 3:
+            p.incident("oom", 90.0, dev, 8 * GiB, 75 * GiB, api="cuMemCreate")
+            p.advice(90.0001, 1, dev, 16, 2, "oom")
+        else:
+            p.summary(200.0)
+        paths.append(p.write(tmp))
+    return paths
+
+
+class VerdictTest(ReportTestBase):
+    def test_first_lines_name_the_rank_that_failed_first(self):
+        paths = multi_rank(self.tmp)
+        rc, out, err = self.main(*paths)
+        self.assertEqual(rc, 0, err)
+        lines = out.splitlines()
+        self.assertEqual(lines[0], "gpuguard report: 4 journals, 4 device sections; "
+                                   "12 unused devices left out (nothing allocated there)")
+        self.assertEqual(lines[1], "  first failure: rank 2 GPU0 %s (host node2, pid 5002) "
+                                   "at %s, 1.7 min into the run, after step 99:"
+                         % (H100, rpt.fmt_wall(W0 + 101.0)))
+        self.assertEqual(lines[2], "    refused cudaMalloc of 6.0 GiB with 2.0 GiB free under the "
+                                   "limit (device used 70.0 GiB, limit 72.0 GiB, total 80.0 GiB), "
+                                   "asked from /home/me/model.py:88 in Block.forward")
+        rows = lines[3:7]
+        self.assertRegex(rows[0], r"^  rank 0  node1  finished after 3\.3 min\s+GPU0 %s: "
+                                  r"peak 48\.0 GiB of limit 72\.0 GiB" % H100)
+        self.assertRegex(rows[1], r"^  rank 1  node1  finished after 3\.3 min\s+GPU1 ")
+        self.assertRegex(rows[2], r"^  rank 2  node2  killed after 1\.7 min \(no summary\)\s+GPU0 .*"
+                                  r"1 near miss; 1 refusal; 1 advice$")
+        self.assertRegex(rows[3], r"^  rank 3  node2  killed after 90\.00 s \(no summary\)\s+GPU1 .*1 OOM")
+
+    def test_no_unused_device_appears(self):
+        paths = multi_rank(self.tmp)
+        rc, out, err = self.main(*paths)
+        sections = re.findall(r"^-- (GPU\d) ", out, re.M)
+        self.assertEqual(sections, ["GPU0", "GPU1", "GPU0", "GPU1"])
+        self.assertEqual(out.count("3 unused devices left out: "), 4)
+        table = [l for l in out.splitlines() if l.startswith("node")]
+        self.assertEqual([l.split()[3] for l in table], ["GPU0", "GPU1", "GPU0", "GPU1"])
+        page = os.path.join(self.tmp, "r.html")
+        trace = os.path.join(self.tmp, "r.json")
+        rc, out, err = self.main("--html", page, "--trace", trace, *paths)
+        with open(page) as f:
+            self.assertEqual(f.read().count("<svg "), 4)
+        with open(trace) as f:
+            evs = json.load(f)["traceEvents"]
+        threads = sorted((e["pid"], e["args"]["name"]) for e in evs if e["name"] == "thread_name")
+        self.assertEqual(threads, [(5000, "GPU0 %s events" % H100), (5001, "GPU1 %s events" % H100),
+                                   (5002, "GPU0 %s events" % H100), (5003, "GPU1 %s events" % H100)])
+
+    def test_ranks_aligned_on_wall_clock(self):
+        # Without the start's wall clock, each process's own clock is all
+        # there is: rank 3's OOM at 90 s comes "first", and the report says
+        # the times are not aligned.
+        paths = multi_rank(self.tmp, walls=False)
+        rc, out, err = self.main(*paths)
+        lines = out.splitlines()
+        self.assertTrue(lines[1].startswith("  first failure: rank 3 GPU1 %s (host node2, pid 5003) "
+                                            "90.00 s into the run, after step 89:" % H100), lines[1])
+        self.assertIn("out of memory: cuMemCreate of 8.0 GiB with 5.0 GiB free on the device "
+                      "(used 75.0 GiB of 80.0 GiB)", lines[2])
+        self.assertIn("(not every journal has the start's wall clock: times are since each "
+                      "process's start)", out)
+        # aligned, the trace puts rank 2's refusal 1 s after its start's offset
+        trace = os.path.join(self.tmp, "r.json")
+        rc, out, err = self.main("--trace", trace, *multi_rank(self.tmp))
+        with open(trace) as f:
+            evs = json.load(f)["traceEvents"]
+        ref = [e for e in evs if e["ph"] == "i" and e["cat"] == "gpuguard,refused"]
+        self.assertEqual([(e["pid"], e["ts"]) for e in ref], [(5002, 101e6)])
+        oom = [e for e in evs if e["ph"] == "i" and e["cat"] == "gpuguard,oom"]
+        self.assertEqual([(e["pid"], e["ts"]) for e in oom], [(5003, 121e6)])
+
+    def test_leaks_forecasts_and_kernels_in_the_verdict(self):
+        devs = [shimlike.device(0, "NVIDIA GeForce RTX 5090", 32 * GiB, 3 * GiB, 2 * GiB, cc="12.0")]
+        p = shimlike.Process(devs, rank=0)
+        p.events.append({"t": 0.01, "ev": "arch", "dev": 0, "cc": "12.0",
+                         "module": "/opt/venv/torch/lib/libtorch_cuda.so", "sass": ["sm_80", "sm_90"],
+                         "ptx": ["sm_90"], "ok": False,
+                         "message": "no kernel image for sm_120: PyTorch >= 2.7 built with CUDA >= 12.8"})
+        p.sample(1.0, 0, 4 * GiB, 5 * GiB)
+        p.advice(7200.0, 1, 0, 8, 4, "forecast", forecast={"step": 812, "bytes": 28 * GiB})
+        p.events.append({"t": 9000.0, "ev": "leak", "dev": 0, "since_step": 200, "step": 900,
+                         "rate": 12 * MiB, "live": 10 * GiB, "projected_step": 2400,
+                         "sites": [{"stack": shimlike.ALLOC_STACK, "pystack": shimlike.ALLOC_PYSTACK,
+                                    "bytes": 8 * GiB}]})
+        rc, out, err = self.main(p.write(self.tmp))
+        head = out[:out.index("=" * 78)]
+        self.assertIn("rank 0 GPU0 NVIDIA GeForce RTX 5090: no usable device code in libtorch_cuda.so "
+                      "(no kernel image for sm_120: PyTorch >= 2.7 built with CUDA >= 12.8)", head)
+        self.assertIn("rank 0 GPU0 NVIDIA GeForce RTX 5090: live memory grows 12.0 MiB/step since "
+                      "step 200 (10.0 GiB live at step 900); the limit is reached at step 2400; "
+                      "grows most at /home/me/model.py:88 in Block.forward (+8.0 GiB)", head)
+        self.assertIn("forecast at %s, 2 h 00 min into the run: the step peak would cross the "
+                      "near-miss line at step 812 (predicted 28.0 GiB); advised batch 8 x accum 4"
+                      % rpt.fmt_wall(W0 + 7200.0), head)
+
+
 class TagBalance(html.parser.HTMLParser):
     VOID = {"meta", "br", "hr", "img", "input", "link", "area", "base", "col", "embed",
             "source", "track", "wbr"}
@@ -431,17 +556,29 @@ class TraceTest(ReportTestBase):
                 self.assertIsInstance(e["ts"], (int, float))
         names = {e["args"]["name"] for e in evs if e["ph"] == "M" and e["name"] == "process_name"}
         self.assertEqual(len(names), 2)
-        self.assertTrue(any("rank 0 pid 4242" in n for n in names), names)
-        counters = [e for e in evs if e["ph"] == "C" and e["name"] == "GPU0 memory"]
-        self.assertEqual(len(counters), 11)
-        self.assertEqual(counters[3]["ts"], 3e6)
-        self.assertEqual(counters[3]["args"], {"current": 6 * GiB, "used": 7 * GiB})
-        self.assertTrue(all(e["pid"] == 4242 for e in counters))
-        h200 = [e for e in evs if e["ph"] == "C" and e["name"] == "GPU1 memory"]
+        self.assertIn("rank 0 (host node1, pid 4242, python)", names)
+        # one value per counter track: a counter event with two values is
+        # drawn stacked, which reads as their sum
+        for e in evs:
+            if e["ph"] == "C":
+                self.assertEqual(list(e["args"]), ["bytes"], e)
+        process = [e for e in evs if e["ph"] == "C" and e["name"] == "GPU0 process"]
+        used = [e for e in evs if e["ph"] == "C" and e["name"] == "GPU0 device used"]
+        self.assertEqual(len(process), 11)
+        self.assertEqual(len(used), 11)
+        self.assertEqual(process[3]["ts"], 3e6)
+        self.assertEqual(process[3]["args"], {"bytes": 6 * GiB})
+        self.assertEqual(used[3]["args"], {"bytes": 7 * GiB})
+        self.assertTrue(all(e["pid"] == 4242 for e in process + used))
+        h200 = [e for e in evs if e["ph"] == "C" and e["name"] == "GPU1 process"]
         self.assertEqual(len(h200), 6)
         self.assertTrue(all(e["pid"] == 4243 for e in h200))
         limits = [e for e in evs if e["ph"] == "C" and e["name"] == "GPU0 limit"]
-        self.assertEqual(limits[0]["args"], {"limit": LIMIT0, "total": 24 * GiB})
+        self.assertEqual([e["args"] for e in limits], [{"bytes": LIMIT0}] * 2)
+        self.assertEqual([e["ts"] for e in limits], [0, 11e6])
+        # one track group per rank, in rank order
+        order = {e["pid"]: e["args"]["sort_index"] for e in evs if e["name"] == "process_sort_index"}
+        self.assertEqual(order, {4242: 0, 4243: 1})
         inst = [e for e in evs if e["ph"] == "i" and e["pid"] == 4242]
         kinds = [e["cat"].split(",")[1] for e in inst]
         self.assertEqual(sorted(kinds), sorted(["near_miss"] * 3 + ["refused", "oom", "advice", "advice", "error"]))
