@@ -216,8 +216,15 @@ void gg_setting_format(enum gg_setting_id id, const struct gg_settings *s,
     switch (i->type) {
     case GG_T_SIZE: {
         const struct gg_size *v = f;
+        static const char *const unit[] = {"TiB", "GiB", "MiB", "KiB"};
+        int k = 0;
+        while (k < 4 && (v->bytes == 0 || v->bytes % (1ull << (10 * (4 - k))) != 0))
+            k++;
         if (v->is_percent)
             snprintf(out, cap, "%g%%", v->percent);
+        else if (k < 4)
+            snprintf(out, cap, "%llu %s", (unsigned long long)(v->bytes >> (10 * (4 - k))),
+                     unit[k]);
         else
             snprintf(out, cap, "%llu", (unsigned long long)v->bytes);
         break;

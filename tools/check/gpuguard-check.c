@@ -369,6 +369,24 @@ static void gg_print_mode(const struct gg_policy *p)
         printf("  mode      %s\n", gg_mode_name((enum gg_mode)p->s.mode));
 }
 
+/* What the trainer is told to start from, in one line. */
+static void gg_print_trainer(const struct gg_policy *p)
+{
+    const char *sig = gg_signal_name(p->s.signal);
+    printf("  trainer   ");
+    if (p->s.batch_size)
+        printf("batch %d", p->s.batch_size);
+    else
+        printf("batch not given");
+    if (p->s.grad_accum)
+        printf(" x accum %d", p->s.grad_accum);
+    printf(", min batch %d, signal ", p->s.min_batch_size);
+    if (sig)
+        printf("%s\n", sig);
+    else
+        printf("%d\n", p->s.signal);
+}
+
 static void gg_print_gpu(const struct gg_gpu *g, const struct gg_policy *p, uint64_t limit)
 {
     uint64_t headroom = gg_size_bytes(p->s.headroom, g->total);
@@ -380,6 +398,7 @@ static void gg_print_gpu(const struct gg_gpu *g, const struct gg_policy *p, uint
     printf("  limit     %.2f GiB: headroom %.2f GiB%s; near misses above %.2f GiB used\n",
            gg_gib(limit), gg_gib(headroom), headroom > g->total ? ", larger than the device" : "",
            gg_gib(limit > near ? limit - near : 0));
+    gg_print_trainer(p);
     gg_print_settings(p);
 }
 

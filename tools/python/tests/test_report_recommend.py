@@ -187,7 +187,7 @@ class Recommend(Base):
                              stderr=subprocess.STDOUT, universal_newlines=True)
         self.assertEqual(run.returncode, 0, run.stdout)
         self.assertIn("policy    %s" % os.path.join(out_dir, "nvidia-geforce-rtx-3090.ini"), run.stdout)
-        self.assertIn("headroom  2.00 GiB; limit 22.00 GiB; near misses above 20.80 GiB used",
+        self.assertIn("limit     22.00 GiB: headroom 2.00 GiB; near misses above 20.80 GiB used",
                       run.stdout)
         self.assertIn("trainer   batch 11 x accum 3", run.stdout)
 
