@@ -105,7 +105,8 @@ test-e2e: $(TEST_DEPS)
 
 # ThreadSanitizer over the threaded unit tests (ledger, stack table, advice).
 test-tsan: deps
-	@$(MAKE) --no-print-directory SANITIZE=thread $(patsubst $(BUILD)/%,build/tsan/%,$(UNIT_BIN))
+	@$(MAKE) --no-print-directory SANITIZE=thread \
+	  $(patsubst $(BUILD)/%,build/tsan/%,$(UNIT_BIN) $(FAKE_LIBS))
 	@GG_BUILD=build/tsan GG_SANITIZE=thread $(PYTHON) tests/run.py --unit
 
 # Real PyTorch training steps under the shim (DESIGN.md section 5); skips

@@ -119,21 +119,34 @@ bool gg_advice_pending(struct gg_advice *out)
     return r;
 }
 
-void gg_advice_ack(unsigned s)
+bool gg_advice_ack(unsigned s, int *batch_size, int *grad_accum)
 {
     sigset_t saved;
+    bool changed = false;
     lock_take(&saved);
     if (has_pending && s == pending.seq) {
         if (pending.batch_size > 0) {
-            batch = pending.batch_size;
-            accum = pending.grad_accum;
-            told = true;
+            batch = *batch_size = pending.batch_size;
+            accum = *grad_accum = pending.grad_accum;
+            told = changed = true;
         }
         has_pending = false;
     }
     if (s <= seq)
         disarmed = false;
     lock_drop(&saved);
+    return changed;
+}
+
+bool gg_advice_current(int *batch_size, int *grad_accum)
+{
+    sigset_t saved;
+    lock_take(&saved);
+    bool r = told;
+    *batch_size = batch;
+    *grad_accum = accum;
+    lock_drop(&saved);
+    return r;
 }
 
 void gg_advice_set_batch(int batch_size, int grad_accum)

@@ -44,8 +44,12 @@ void gg_advice_signal(int sig);
 
 /* The C API's side. */
 bool gg_advice_pending(struct gg_advice *out);
-void gg_advice_ack(unsigned seq);
+/* The trainer acted on advice seq: true when that made the advised batch
+ * the current one (*batch_size, *grad_accum say it). */
+bool gg_advice_ack(unsigned seq, int *batch_size, int *grad_accum);
 void gg_advice_set_batch(int batch_size, int grad_accum);
+/* What the trainer runs now, as it last said or acked; false if never told. */
+bool gg_advice_current(int *batch_size, int *grad_accum);
 /* A trainer has told its batch (gpuguard_set_batch) at least once. */
 bool gg_advice_registered(void);
 

@@ -25,8 +25,8 @@ GG_EXPORT int gpuguard_stats(int dev, struct gpuguard_stats *out)
     out->limit = d->limit;
     out->used = gg_device_estimate(d);
     out->current = atomic_load(&d->current);
-    out->peak = atomic_load(&d->peak);
-    out->peak_used = atomic_load(&d->peak_used);
+    out->peak = gg_device_peak(d);
+    out->peak_used = gg_device_peak_used(d);
     out->allocs = gg_ledger_allocs(dev);
     out->frees = gg_ledger_frees(dev);
     out->near_misses = atomic_load(&d->near_misses);
@@ -53,13 +53,16 @@ GG_EXPORT int gpuguard_advice(struct gpuguard_advice *out)
 
 GG_EXPORT void gpuguard_ack(unsigned seq)
 {
-    gg_advice_ack(seq);
+    int batch, accum;
+    if (gg_advice_ack(seq, &batch, &accum))
+        gg_life_batch(batch, accum);
 }
 
 GG_EXPORT void gpuguard_set_batch(int batch_size, int grad_accum)
 {
     gg_advice_set_batch(batch_size, grad_accum);
     gg_life_registered();
+    gg_life_batch(batch_size, grad_accum);
 }
 
 GG_EXPORT void gpuguard_note(const char *text)

@@ -124,8 +124,33 @@ uint64_t gg_device_refresh(struct gg_device *d, int dev, bool may_retain)
                                                                         memory_order_relaxed),
                           memory_order_relaxed);
     atomic_store_explicit(&d->read_once, true, memory_order_release);
-    gg_atomic_max(&d->peak_used, used);
+    gg_atomic_max(&d->window_used, used);
     return used;
+}
+
+void gg_device_close_window(struct gg_device *d, struct gg_window *out)
+{
+    uint64_t cur = atomic_load(&d->current), used = gg_device_estimate(d);
+    /* An allocation racing the boundary lands in one window or the next:
+     * either way a real value, in order. */
+    uint64_t peak = atomic_exchange(&d->window_peak, cur);
+    uint64_t peak_used = atomic_exchange(&d->window_used, used);
+    out->peak = peak > cur ? peak : cur;
+    out->peak_used = peak_used > used ? peak_used : used;
+    out->live = cur;
+    gg_atomic_max(&d->peak_before, out->peak);
+    gg_atomic_max(&d->used_before, out->peak_used);
+    gg_atomic_max(&d->phase_peak, out->peak);
+    gg_atomic_max(&d->phase_used, out->peak_used);
+}
+
+void gg_device_close_phase(struct gg_device *d, struct gg_window *out)
+{
+    gg_device_close_window(d, out);
+    uint64_t peak = atomic_exchange(&d->phase_peak, out->live);
+    uint64_t peak_used = atomic_exchange(&d->phase_used, gg_device_estimate(d));
+    out->peak = peak > out->peak ? peak : out->peak;
+    out->peak_used = peak_used > out->peak_used ? peak_used : out->peak_used;
 }
 
 void gg_devices_reset(void)

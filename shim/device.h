@@ -41,11 +41,17 @@ struct gg_device {
 
     /* This process's bytes: every allocation and free. */
     _Alignas(64) _Atomic uint64_t current;
-    /* The exact peak of `current`: read by every allocation, written at a peak. */
-    _Alignas(64) _Atomic uint64_t peak;
+    /* The exact peak of `current` in the window since the last boundary (a
+     * training step, a batch): read by every allocation, written at a peak.
+     * A boundary closes the window in O(1) (gg_device_close_window), so the
+     * allocation path does exactly what an all-time peak would cost. */
+    _Alignas(64) _Atomic uint64_t window_peak;
+    _Atomic uint64_t peak_before;      /* the largest of the closed windows */
+    _Atomic uint64_t phase_peak;       /* the largest of the windows since the last batch */
     /* Device-wide: written at readings and device-wide peaks. */
-    _Alignas(64) _Atomic int64_t used_offset; /* device use minus `current` at the last reading */
-    _Atomic uint64_t peak_used;
+    _Alignas(64) _Atomic int64_t used_offset; /* device use minus this process's, at the last reading */
+    _Atomic uint64_t window_used;      /* the window's device-wide peak */
+    _Atomic uint64_t used_before, phase_used;
     _Atomic uint64_t last_reading_ns;
     /* Incidents and events: written rarely. */
     _Alignas(64) _Atomic uint64_t near_misses, refusals, ooms, unknown_frees;
@@ -80,6 +86,29 @@ static inline uint64_t gg_device_estimate(const struct gg_device *d)
                 atomic_load_explicit(&d->used_offset, memory_order_relaxed);
     return u > 0 ? (uint64_t)u : 0;
 }
+
+/* The all-time peaks: this process's bytes, and device-wide. */
+static inline uint64_t gg_device_peak(const struct gg_device *d)
+{
+    uint64_t a = atomic_load(&d->peak_before), b = atomic_load(&d->window_peak);
+    return a > b ? a : b;
+}
+static inline uint64_t gg_device_peak_used(const struct gg_device *d)
+{
+    uint64_t a = atomic_load(&d->used_before), b = atomic_load(&d->window_used);
+    return a > b ? a : b;
+}
+
+/* What a window (a step) or a phase (a batch) of the training saw. */
+struct gg_window {
+    uint64_t peak;       /* the most bytes this process held */
+    uint64_t peak_used;  /* the most device-wide use seen */
+    uint64_t live;       /* this process's bytes at its end */
+};
+/* Close the current window: its peaks, and a new window from now. */
+void gg_device_close_window(struct gg_device *d, struct gg_window *out);
+/* Close the current phase (its windows, the current one too). */
+void gg_device_close_phase(struct gg_device *d, struct gg_window *out);
 
 /* Take a reading (re-anchoring the estimate) and return the device's use;
  * the estimate when no reading can be taken. may_retain: a runtime call,

@@ -148,6 +148,23 @@ void gg_events_advice(const struct gg_advice *a, bool signaled)
     end(&j);
 }
 
+void gg_events_batch(int dev, int batch_size, int grad_accum, const struct gg_window *w,
+                     bool final)
+{
+    char buf[256];
+    struct gg_json j;
+    begin(&j, buf, sizeof buf, "batch");
+    gg_json_ki64(&j, "dev", dev);
+    gg_json_ki64(&j, "batch_size", batch_size);
+    gg_json_ki64(&j, "grad_accum", grad_accum);
+    gg_json_ku64(&j, "peak", w->peak);
+    gg_json_ku64(&j, "peak_used", w->peak_used);
+    gg_json_ku64(&j, "live", w->live);
+    if (final)
+        gg_json_kbool(&j, "final", true);
+    end(&j);
+}
+
 void gg_events_sample(int dev, uint64_t current, uint64_t used)
 {
     char buf[256];
@@ -230,14 +247,14 @@ void gg_events_summary(double duration)
     for (int i = 0; i < gg_device_count; i++) {
         struct gg_device *d = &gg_devices[i];
         uint64_t allocs = gg_ledger_allocs(i), frees = gg_ledger_frees(i);
-        uint64_t peak = atomic_load(&d->peak);
+        uint64_t peak = gg_device_peak(d);
         gg_json_obj(&j);
         gg_json_ki64(&j, "dev", i);
         gg_json_kstr(&j, "name", d->name);
         gg_json_ku64(&j, "total", d->total);
         gg_json_ku64(&j, "limit", d->total ? d->limit : 0);
         gg_json_ku64(&j, "peak", peak);
-        gg_json_ku64(&j, "peak_used", atomic_load(&d->peak_used));
+        gg_json_ku64(&j, "peak_used", gg_device_peak_used(d));
         gg_json_ku64(&j, "allocs", allocs);
         gg_json_ku64(&j, "frees", frees);
         gg_json_ku64(&j, "near_misses", atomic_load(&d->near_misses));

@@ -23,6 +23,11 @@ void gg_events_mode(int dev, const char *mode, const char *why);
 void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v);
 /* advice. */
 void gg_events_advice(const struct gg_advice *a, bool signaled);
+/* batch: the trainer set (or acked) a batch; the phase that ended, on
+ * device dev (final: at exit, the phase the process ended in). */
+struct gg_window;
+void gg_events_batch(int dev, int batch_size, int grad_accum, const struct gg_window *w,
+                     bool final);
 /* sample: a timeline point. */
 void gg_events_sample(int dev, uint64_t current, uint64_t used);
 /* note: the trainer's text. */

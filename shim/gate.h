@@ -59,6 +59,10 @@ static inline bool gg_passing_through(void)
 /* A trainer registered (the C API): journal it, enforce where auto. */
 void gg_life_registered(void);
 
+/* The trainer runs a new batch (set or acked): the phase that ends is
+ * journaled per used device (`batch` events), for --recommend. */
+void gg_life_batch(int batch_size, int grad_accum);
+
 /* Write the summary now if it has not been written (exit path). */
 void gg_life_finish(void);
 

@@ -205,12 +205,13 @@ void gg_guard_allocated(struct gg_call *c, uintptr_t key, struct gg_verdict *v)
         evicted(&old);
     }
     uint64_t cur = atomic_fetch_add_explicit(&d->current, c->bytes, memory_order_relaxed) + c->bytes;
-    bool peak = gg_atomic_max(&d->peak, cur);
+    bool peak = gg_atomic_max(&d->window_peak, cur) &&
+                cur > atomic_load_explicit(&d->peak_before, memory_order_relaxed);
     if (c->site != GG_SITE_NONE)
         gg_sites_charge(c->site, (int64_t)c->bytes, 1);
     uint64_t used = add_sat(cur, (uint64_t)atomic_load_explicit(&d->used_offset,
                                                                  memory_order_relaxed));
-    gg_atomic_max(&d->peak_used, used);
+    gg_atomic_max(&d->window_used, used);
     if (gg_unlikely(add_sat(used, d->near) > d->limit))
         near_miss(d, c, used, v);
     if (gg_unlikely(peak) && d->stacks != GG_STACKS_OFF)

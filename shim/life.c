@@ -208,12 +208,30 @@ void gg_life_registered(void)
         gg_react_registered(gg_guard_trainer_registered());
 }
 
-/* ---- exit ---------------------------------------------------------------------------- */
-
 static bool device_used(const struct gg_device *d, int dev)
 {
     return gg_ledger_allocs(dev) || atomic_load(&d->ooms) || atomic_load(&d->refusals);
 }
+
+static void batch_events(int batch_size, int grad_accum, bool final)
+{
+    for (int i = 0; i < gg_device_count; i++) {
+        struct gg_device *d = gg_device(i);
+        struct gg_window w;
+        if (!d || !device_used(d, i))
+            continue;
+        gg_device_close_phase(d, &w);
+        gg_events_batch(i, batch_size, grad_accum, &w, final);
+    }
+}
+
+void gg_life_batch(int batch_size, int grad_accum)
+{
+    if (gg_active())
+        batch_events(batch_size, grad_accum, false);
+}
+
+/* ---- exit ---------------------------------------------------------------------------- */
 
 static void say_summary(void)
 {
@@ -225,8 +243,8 @@ static void say_summary(void)
             continue;
         any = true;
         char peak[32], used[32], total[32], limit[32];
-        gg_fmt_bytes(peak, sizeof peak, atomic_load(&d->peak));
-        gg_fmt_bytes(used, sizeof used, atomic_load(&d->peak_used));
+        gg_fmt_bytes(peak, sizeof peak, gg_device_peak(d));
+        gg_fmt_bytes(used, sizeof used, gg_device_peak_used(d));
         gg_fmt_bytes(total, sizeof total, d->total);
         gg_fmt_bytes(limit, sizeof limit, d->limit);
         unsigned long long nm = atomic_load(&d->near_misses), rf = atomic_load(&d->refusals),
@@ -250,6 +268,9 @@ void gg_life_finish(void)
     int s = atomic_load(&gg_state);
     if (s != GG_STATE_ACTIVE && s != GG_STATE_PASSTHROUGH)
         return;
+    int batch, accum;
+    if (gg_advice_current(&batch, &accum))
+        batch_events(batch, accum, true); /* the phase the process ended in */
     gg_events_summary(gg_clock_since_start());
     if (!proc.quiet)
         say_summary();

@@ -29,12 +29,13 @@ def run_unit(build, pattern):
         if pattern and pattern not in name:
             continue
         path = os.path.join(unit_dir, name)
-        env = dict(os.environ)
+        env = dict(os.environ, GG_ROOT=ROOT)
         if os.environ.get("GG_SANITIZE") == "1":
             # Leaks are still checked, but not through thread-local storage:
             # the stack test parks threads whose dynamic TLS (libunwind's,
             # dlopen'd) LeakSanitizer's tracer cannot walk (it faults).
-            env["LSAN_OPTIONS"] = "use_tls=0"
+            supp = os.path.join(ROOT, "tests", "unit", "lsan.supp")
+            env["LSAN_OPTIONS"] = f"use_tls=0:suppressions={supp}"
         start = time.monotonic()
         proc = subprocess.run([path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               timeout=600, env=env)

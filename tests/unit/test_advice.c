@@ -22,12 +22,18 @@ static void raise_(enum gg_reason why)
     gg_advice_raise(0, why, &policy, &a);
 }
 
+static void ack(unsigned seq)
+{
+    int b, a;
+    gg_advice_ack(seq, &b, &a);
+}
+
 static void setup(int batch, int accum, int min)
 {
     policy = (struct gg_trainer_policy){0, 0, min, 0};
     struct gg_advice a;
     if (gg_advice_pending(&a))
-        gg_advice_ack(a.seq); /* clear what an earlier test left */
+        ack(a.seq); /* clear what an earlier test left */
     gg_advice_set_batch(batch, accum);
 }
 
@@ -56,7 +62,7 @@ static void test_zone_once_per_ack(void)
     CHECK_EQ_U64(last().seq, first); /* no second zone advice */
     raise_(GG_REASON_REFUSED);
     CHECK_EQ_U64(last().seq, first + 1); /* a refusal always advises */
-    gg_advice_ack(first + 1);
+    ack(first + 1);
     CHECK(!gg_advice_pending(NULL));
     raise_(GG_REASON_NEAR_MISS); /* re-armed, from the new batch */
     struct gg_advice a = last();
@@ -71,7 +77,7 @@ static void test_at_min(void)
     struct gg_advice a = last();
     CHECK_EQ_U64(a.batch_size, 4);
     CHECK_EQ_U64(a.grad_accum, 2);
-    gg_advice_ack(a.seq);
+    ack(a.seq);
     raise_(GG_REASON_REFUSED);
     a = last();
     CHECK_EQ_U64(a.batch_size, 4);
@@ -96,6 +102,14 @@ static void test_policy_batch_and_raise_result(void)
     CHECK(gg_advice_raise(0, GG_REASON_NEAR_MISS, &policy, &a));
     CHECK(!gg_advice_raise(0, GG_REASON_NEAR_MISS, &policy, &a));
     CHECK(gg_advice_registered());
+    /* an ack makes the advised batch the current one, and says so */
+    int b = 0, acc = 0;
+    CHECK(gg_advice_pending(&a));
+    CHECK(gg_advice_ack(a.seq, &b, &acc));
+    CHECK_EQ_U64(b, 16);
+    CHECK_EQ_U64(acc, 2);
+    CHECK(gg_advice_current(&b, &acc) && b == 16 && acc == 2);
+    CHECK(!gg_advice_ack(a.seq, &b, &acc)); /* twice: nothing new */
 }
 
 /* A signal handler on the thread that holds the lock never runs inside it:

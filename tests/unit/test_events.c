@@ -1,0 +1,118 @@
+/* test_events.c - every event's schema (events.c) and what a verdict
+ * becomes (react.c), read back from a journal in a temporary directory. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "advice.h"
+#include "device.h"
+#include "events.h"
+#include "journal.h"
+#include "react.h"
+#include "unit.h"
+
+#define GiB (1ULL << 30)
+
+static char dir[] = "/tmp/gg_events_XXXXXX";
+static char text[65536];
+
+static const char *journal(void)
+{
+    FILE *f = fopen(gg_journal_path(), "r");
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[n] = '\0';
+    if (f)
+        fclose(f);
+    return text;
+}
+
+/* The line of event ev, or NULL. */
+static const char *line_of(const char *ev)
+{
+    char key[64];
+    snprintf(key, sizeof key, "\"ev\":\"%s\"", ev);
+    const char *p = strstr(journal(), key);
+    if (!p)
+        return NULL;
+    while (p > text && p[-1] != '\n')
+        p--;
+    return p;
+}
+
+static void setup(void)
+{
+    gg_devices_reset();
+    struct gg_device *d = &gg_devices[0];
+    d->present = true;
+    d->mode = GG_MODE_ENFORCE;
+    d->total = 24 * GiB;
+    d->limit = 22 * GiB;
+    d->near = GiB;
+    snprintf(d->name, sizeof d->name, "NVIDIA \"Quoted\" GPU");
+    gg_device_count = 1;
+}
+
+static void test_start_mode_note_error(void)
+{
+    gg_events_start("trainer", "host1", 2);
+    const char *l = line_of("start");
+    CHECK(l && strncmp(l, "{\"t\":", 5) == 0);
+    CHECK(l && strstr(l, "\"rank\":2,\"version\":\""));
+    CHECK(l && strstr(l, "\"name\":\"NVIDIA \\\"Quoted\\\" GPU\""));
+    CHECK(l && strstr(l, "\"limit\":23622320128,\"mode\":\"enforce\""));
+    gg_events_mode(0, "enforce", "trainer registered");
+    CHECK(strstr(journal(), "\"ev\":\"mode\",\"dev\":0,\"mode\":\"enforce\",\"why\":\"trainer registered\"}"));
+    gg_events_note("line\nnext");
+    CHECK(strstr(journal(), "\"ev\":\"note\",\"text\":\"line\\nnext\"}"));
+    gg_events_error("policy %s", "bad");
+    CHECK(strstr(journal(), "\"ev\":\"error\",\"message\":\"policy bad\"}"));
+}
+
+static void test_incident_and_advice(void)
+{
+    struct gg_call c = {.dev = 0, .api = 0, .refusable = GG_REFUSABLE, .api_name = "cudaMalloc",
+                        .bytes = 2 * GiB, .site = GG_SITE_NONE};
+    struct gg_verdict v = {.incident = GG_INCIDENT_REFUSED, .journal = true, .used = 21 * GiB};
+    gg_advice_set_batch(32, 1);
+    signal(SIGUSR2, SIG_DFL);
+    gg_react(&c, &v);
+    const char *l = line_of("refused");
+    CHECK(l && strstr(l, "\"dev\":0,\"api\":\"cudaMalloc\",\"bytes\":2147483648,"
+                         "\"used\":22548578304,\"limit\":23622320128,\"total\":25769803776,"
+                         "\"stack\":[]}"));
+    l = line_of("advice");
+    CHECK(l && strstr(l, "\"dev\":0,\"batch_size\":16,\"grad_accum\":2,\"reason\":\"refused\","
+                         "\"signaled\":false}"));
+    struct gg_verdict nm = {.incident = GG_INCIDENT_NEAR_MISS, .journal = false, .count = 9};
+    gg_react(&c, &nm);
+    CHECK(line_of("near_miss") == NULL); /* sampled out: advice only */
+}
+
+static void test_batch_and_summary(void)
+{
+    struct gg_window w = {.peak = 5 * GiB, .peak_used = 6 * GiB, .live = GiB};
+    gg_events_batch(0, 8, 4, &w, true);
+    CHECK(strstr(journal(), "\"ev\":\"batch\",\"dev\":0,\"batch_size\":8,\"grad_accum\":4,"
+                            "\"peak\":5368709120,\"peak_used\":6442450944,\"live\":1073741824,"
+                            "\"final\":true}"));
+    gg_events_summary(1.5);
+    const char *l = line_of("summary");
+    CHECK(l && strstr(l, "\"duration\":1.500000"));
+    CHECK(l && strstr(l, "\"peak_stack\":[],\"peak_sites\":[]"));
+    /* every line is whole */
+    const char *t = journal();
+    CHECK(t[strlen(t) - 1] == '\n');
+}
+
+int main(void)
+{
+    if (!mkdtemp(dir) || !gg_journal_open(dir, "test", -1))
+        return 1;
+    setup();
+    RUN(test_start_mode_note_error);
+    RUN(test_incident_and_advice);
+    RUN(test_batch_and_summary);
+    return unit_done();
+}
