@@ -510,8 +510,19 @@ __attribute__((always_inline)) static inline int walk(uintptr_t ts, struct gg_py
             return *why = "cframe unreadable", -1;
     }
     int n = 0;
+    /* Brent's cycle detection: `mark` is a frame seen `power` steps ago at
+     * most; meeting it again means a cycle, caught within twice its length. */
+    uintptr_t mark = 0;
+    unsigned since_mark = 0, power = 1;
     for (int steps = 0; fr && n < max && steps < STEP_LIMIT(max); steps++) {
         uintptr_t code = 0, prev = 0, type = 0;
+        if (fr == mark)
+            return *why = "the frame chain is a cycle", -1;
+        if (++since_mark == power) {
+            mark = fr;
+            power <<= 1;
+            since_mark = 0;
+        }
         if (!ptr_ok(fr, 8) || !rd_ptr(checked, fr + l->fr_code, &code) ||
             !rd_ptr(checked, fr + l->fr_prev, &prev))
             return *why = "frame unreadable", -1;

@@ -96,7 +96,7 @@ int main(int argc, char **argv)
     printf("embed: status: %s\n", gg_py_status());
     finalize();
     int after = gg_py_capture(raw, 4);           /* finalized: nothing, no crash */
-    printf("embed: script %s; %d frames before initialize, %d after finalize\n",
+    printf("embed: %s: script %s; %d frames before initialize, %d after finalize\n", argv[1],
            rc == 0 ? "passed" : "failed", before, after);
     return rc == 0 && before == 0 && after == 0 ? 0 : 1;
 }

@@ -6,8 +6,10 @@
  * process). Real interpreters: tests/e2e/test_pyframes.py. */
 #include "pyframes.h"
 #include "unit.h"
+#include "../pyframes/fakepy.h"
 
 #include <dlfcn.h>
+#include <libgen.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -134,13 +136,201 @@ static void test_no_python(void)
     CHECK_EQ_U64(f.line, 0);
 }
 
+/* ---- the guards, against fake interpreters ------------------------------- */
+
+static char fake_dir[PATH_MAX];
+static void *fake;                       /* the fake's handle, in the child */
+
+static void fake_call(const char *name)
+{
+    void (*f)(void) = (void (*)(void))dlsym(fake, name);
+    CHECK(f != NULL);
+    if (f)
+        f();
+}
+
+/* Run body in a child that loaded a fake interpreter set up as `scenario`
+ * (the layout is checked once per process); its failed checks come back as
+ * its exit status. `local`: loaded RTLD_LOCAL, found through the loader. */
+static void with_fake(int scenario, bool py310, bool local, void (*body)(void))
+{
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/libpython-fake%s.so", fake_dir, py310 ? "310" : "");
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        unit_checks_failed = 0;
+        fake = dlopen(path, RTLD_NOW | (local ? RTLD_LOCAL : RTLD_GLOBAL));
+        int (*setup)(int) = fake ? (int (*)(int))dlsym(fake, "fakepy_setup") : NULL;
+        if (!setup || setup(scenario) != 0) {
+            printf("  cannot set up %s: %s\n", path, dlerror());
+            fflush(stdout);
+            _exit(100);
+        }
+        body();
+        fflush(stdout);
+        _exit(unit_checks_failed > 99 ? 99 : unit_checks_failed);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        printf("  scenario %d: child %s %d\n", scenario,
+               WIFEXITED(status) ? "failed checks:" : "killed by signal", WIFEXITED(status) ?
+               WEXITSTATUS(status) : WTERMSIG(status));
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* The fake's frames: Net.forward (model.py, latin-1 name) then <module>. */
+static void names_both_frames(void)
+{
+    struct gg_py_raw raw[16];
+    struct gg_py_frame f;
+    CHECK_EQ_U64(gg_py_capture(raw, 16), 2);
+    CHECK_EQ_U64(gg_py_state(), GG_PY_ON);
+    CHECK(strstr(gg_py_status(), "libpython-fake") != NULL);
+    CHECK(gg_py_take_error() == NULL);
+    CHECK(gg_py_resolve(&raw[0], true, &f));
+    CHECK_STR(f.file, "/m/m\xc3\xb6" "del.py");
+    CHECK_STR(f.func, "Net.forward");
+    CHECK_EQ_U64(f.line, 13);
+    CHECK(gg_py_resolve(&raw[1], true, &f));
+    CHECK_STR(f.file, "/m/train.py");
+    CHECK_STR(f.func, "<module>");
+    CHECK_EQ_U64(f.line, 21);
+    CHECK_EQ_U64(gg_py_capture(raw, 1), 1);          /* the cap: innermost first */
+    CHECK(gg_py_resolve(&raw[0], false, &f));       /* checked reads, same answer */
+    CHECK_STR(f.func, "Net.forward");
+    /* Finalizing, or a thread Python never saw: nothing. */
+    fake_call("fakepy_finalizing_on");
+    CHECK_EQ_U64(gg_py_capture(raw, 16), 0);
+    fake_call("fakepy_finalizing_off");
+    CHECK_EQ_U64(gg_py_capture(raw, 16), 2);
+    fake_call("fakepy_no_tstate");
+    CHECK_EQ_U64(gg_py_capture(raw, 16), 0);
+    gg_py_disable();
+    CHECK_EQ_U64(gg_py_state(), GG_PY_OFF);
+}
+
+static void test_fake_312(void) { with_fake(FAKE_312, false, false, names_both_frames); }
+static void test_fake_313(void) { with_fake(FAKE_313, false, false, names_both_frames); }
+static void test_fake_310(void) { with_fake(FAKE_310, true, false, names_both_frames); }
+static void test_fake_rtld_local(void) { with_fake(FAKE_312, false, true, names_both_frames); }
+
+/* Names asked for late, after the code object was freed or replaced. */
+static void late_after_free(void)
+{
+    struct gg_py_raw raw[16];
+    struct gg_py_frame f;
+    CHECK_EQ_U64(gg_py_capture(raw, 16), 2);
+    CHECK(gg_py_resolve(&raw[0], true, &f));
+    fake_call("fakepy_free_inner_code");
+    CHECK(gg_py_resolve(&raw[0], false, &f));       /* cached: no read at all */
+    CHECK_STR(f.func, "Net.forward");
+    gg_py_test_forget(NULL);
+    CHECK(!gg_py_resolve(&raw[0], false, &f));      /* unmapped: no crash, no name */
+    CHECK_STR(f.func, "?");
+    CHECK(gg_py_resolve(&raw[1], false, &f));
+    CHECK_STR(f.func, "<module>");
+}
+
+static void late_after_replace(void)
+{
+    struct gg_py_raw raw[16];
+    struct gg_py_frame f;
+    CHECK_EQ_U64(gg_py_capture(raw, 16), 2);
+    fake_call("fakepy_rename_inner_code");
+    struct gg_py_raw again[16];
+    CHECK_EQ_U64(gg_py_capture(again, 16), 2);
+    CHECK(again[0].code == raw[0].code && again[0].ident != raw[0].ident);
+    CHECK(!gg_py_resolve(&raw[0], false, &f));      /* not the code it was */
+    CHECK(!gg_py_resolve(&raw[0], true, &f));
+    CHECK(gg_py_resolve(&again[0], true, &f));
+    CHECK_STR(f.func, "Other.forward");
+}
+
+/* After the first walk proved the layout, something unexpected still
+ * turns capture off for good rather than being followed. */
+static void later_anomaly(void)
+{
+    struct gg_py_raw raw[16];
+    CHECK_EQ_U64(gg_py_capture(raw, 16), 2);
+    fake_call("fakepy_misalign_inner");
+    CHECK_EQ_U64(gg_py_capture(raw, 16), 0);
+    CHECK_EQ_U64(gg_py_state(), GG_PY_FAILED);
+    const char *e = gg_py_take_error();
+    CHECK(e && strstr(e, "unexpected frame (frame unreadable)"));
+}
+
+static void test_fake_later_anomaly(void) { with_fake(FAKE_312, false, false, later_anomaly); }
+
+static void test_fake_late(void)
+{
+    with_fake(FAKE_312, false, false, late_after_free);
+    with_fake(FAKE_312, false, false, late_after_replace);
+}
+
+static const char *expected_error;
+
+static void fails_once(void)
+{
+    struct gg_py_raw raw[16];
+    CHECK_EQ_U64(gg_py_capture(raw, 16), 0);
+    CHECK_EQ_U64(gg_py_state(), GG_PY_FAILED);
+    const char *e = gg_py_take_error();
+    CHECK(e && strstr(e, expected_error));
+    if (!e || !strstr(e, expected_error))
+        printf("  said: %s\n", e ? e : "(nothing)");
+    CHECK(gg_py_take_error() == NULL);               /* said once */
+    CHECK(strstr(gg_py_status(), expected_error) != NULL);
+    CHECK_EQ_U64(gg_py_capture(raw, 16), 0);         /* and off for good */
+    gg_py_disable();
+    CHECK_EQ_U64(gg_py_state(), GG_PY_FAILED);
+}
+
+static void test_fake_refused(void)
+{
+    static const struct { int scenario; bool py310; const char *error; } cases[] = {
+        { FAKE_314, false, "CPython 3.14.0 (" },
+        { FAKE_39, true, "CPython 3.9.18 (" },
+        { FAKE_PRERELEASE, false, "pre-release" },
+        { FAKE_CODE_SIZE, false, "type 'code' has size 200, not 192" },
+        { FAKE_TP_NAME_BAD, false, "layout not as expected" },
+        { FAKE_313_COOKIE, false, "_Py_DebugOffsets" },
+        { FAKE_313_FREE_THREADED, false, "free-threaded 1" },
+        { FAKE_313_OFFSETS, false, "offsets out of range" },
+        { FAKE_UNMAPPED_FRAME, false, "frame unreadable" },
+        { FAKE_CYCLE, false, "cycle" },
+        { FAKE_MISALIGNED, false, "frame unreadable" },
+        { FAKE_NOT_CODE, false, "frame without a code object" },
+        { FAKE_BAD_INSTR, false, "instruction pointer outside its code" },
+        { FAKE_BAD_OWNER, false, "frame owner out of range" },
+        { FAKE_BAD_STR, false, "co_filename not a str" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        expected_error = cases[i].error;
+        with_fake(cases[i].scenario, cases[i].py310, false, fails_once);
+    }
+}
+
 int main(void)
 {
+    char self[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[len > 0 ? len : 0] = '\0';
+    snprintf(fake_dir, sizeof fake_dir, "%s/../pyframes", dirname(self));
     RUN(test_line_311);
     RUN(test_line_311_corrupt);
     RUN(test_line_310);
     RUN(test_utf8);
     RUN(test_str_state);
+    /* The fakes first: each child must look for Python itself. */
+    RUN(test_fake_312);
+    RUN(test_fake_313);
+    RUN(test_fake_310);
+    RUN(test_fake_rtld_local);
+    RUN(test_fake_late);
+    RUN(test_fake_later_anomaly);
+    RUN(test_fake_refused);
     RUN(test_no_python);
     return unit_done();
 }
