@@ -337,10 +337,13 @@ static bool layout_313(uintptr_t runtime, unsigned long hexversion, char *why, s
               d.frame.size < 4096 && d.frame.previous + 8 <= d.frame.size &&
               d.frame.executable + 8 <= d.frame.size && d.frame.instr_ptr + 8 <= d.frame.size &&
               d.frame.owner < d.frame.size &&
-              d.code.size < 4096 && d.code.filename + 8 <= d.code.size &&
-              d.code.qualname + 8 <= d.code.size && d.code.linetable + 8 <= d.code.size &&
-              d.code.firstlineno + 4 <= d.code.size && d.code.co_code_adaptive <= d.code.size &&
-              d.code.co_code_adaptive >= 16 && d.code.co_code_adaptive + 8 <= CODE_HDR &&
+              /* the code fields are read from the fixed part, before the bytecode */
+              d.code.co_code_adaptive <= d.code.size && d.code.co_code_adaptive <= CODE_HDR &&
+              d.code.filename + 8 <= d.code.co_code_adaptive &&
+              d.code.qualname + 8 <= d.code.co_code_adaptive &&
+              d.code.linetable + 8 <= d.code.co_code_adaptive &&
+              d.code.firstlineno + 4 <= d.code.co_code_adaptive &&
+              d.code.co_code_adaptive >= 24 &&
               d.bytes.ob_size == 16 && d.bytes.ob_sval < 64 &&
               d.unicode.length + 8 <= d.unicode.asciiobject_size &&
               d.unicode.state + 4 <= d.unicode.asciiobject_size && d.unicode.asciiobject_size < 128;
@@ -995,40 +998,46 @@ static inline size_t cache_slot(const struct gg_py_raw *f)
     return (size_t)h & ((1u << CACHE_BITS) - 1);
 }
 
-bool gg_py_resolve(const struct gg_py_raw *f, bool live, struct gg_py_frame *out)
+/* One frame, from the cache or the code object (under the lock). */
+static bool resolve_one(const struct gg_py_raw *f, bool checked, struct gg_py_frame *out)
 {
-    *out = (struct gg_py_frame){ "?", "?", 0 };
-    if (!f || !g_layout_ok || atomic_load_explicit(&g_state, memory_order_acquire) == ST_FAILED)
-        return false;
+    struct centry *e = g_cache ? &g_cache[cache_slot(f)] : NULL;
+    if (!(e && e->file && e->code == f->code && e->addr == f->addr && e->ident == f->ident)) {
+        struct centry fresh = { f->code, f->addr, f->ident, NULL, NULL, 0 };
+        if (!name_frame(f, checked, &fresh))
+            return false;
+        if (e)
+            *e = fresh;
+        else
+            e = &fresh;
+    }
+    *out = (struct gg_py_frame){ e->file, e->func, e->line };
+    return true;
+}
+
+int gg_py_resolve(const struct gg_py_raw *f, int n, bool live, struct gg_py_frame *out)
+{
+    for (int i = 0; i < n; i++)
+        out[i] = (struct gg_py_frame){ "?", "?", 0 };
+    if (!f || n <= 0 || !g_layout_ok ||
+        atomic_load_explicit(&g_state, memory_order_acquire) == ST_FAILED)
+        return 0;
     bool checked = !live || !atomic_load(&g_verified);
     if (checked && !g_checked_reads) {
         if (!live)
-            return false;                  /* cannot read a maybe-freed object safely */
+            return 0;                      /* cannot read a maybe-freed object safely */
         checked = false;
     }
-    bool ok = false;
+    int named = 0;
     plock_lock(&g_lock);
     if (!g_cache)
         g_cache = gg_os_alloc(sizeof *g_cache << CACHE_BITS);
     if (!g_intern)
         g_intern = gg_os_alloc(sizeof *g_intern << INTERN_BITS);
-    struct centry *e = NULL;
-    if (g_cache) {
-        e = &g_cache[cache_slot(f)];
-        if (e->file && e->code == f->code && e->addr == f->addr && e->ident == f->ident)
-            ok = true;
-    }
-    struct centry fresh = { f->code, f->addr, f->ident, NULL, NULL, 0 };
-    if (!ok && name_frame(f, checked, &fresh)) {
-        if (e)
-            *e = fresh;
-        e = &fresh;
-        ok = true;
-    }
-    if (ok)
-        *out = (struct gg_py_frame){ e->file, e->func, e->line };
+    for (int i = 0; i < n; i++)
+        named += resolve_one(&f[i], checked, &out[i]);
     plock_unlock(&g_lock);
-    return ok;
+    return named;
 }
 
 /* ---- state -------------------------------------------------------------- */

@@ -7,8 +7,8 @@
  *   struct gg_py_raw raw[64];
  *   int n = gg_py_capture(raw, 64);          // hot: plain loads, no lock, no malloc
  *   ...
- *   struct gg_py_frame f;
- *   gg_py_resolve(&raw[i], true, &f);        // once per new site: file, line, function
+ *   struct gg_py_frame f[64];
+ *   gg_py_resolve(raw, n, true, f);          // once per new site: file, line, function
  *
  * A raw frame is (code object, instruction offset, identity of that code
  * object): two captures at the same Python line compare equal, so a stack
@@ -75,11 +75,11 @@ struct gg_py_frame {
  * that finds frames is made with checked reads (slow, once). */
 int gg_py_capture(struct gg_py_raw *out, int max);
 
-/* Name a captured frame (see above). False when it cannot be named (capture
- * never ran, the code object is gone or changed, storage is exhausted);
- * `out` is then set to "?" strings and line 0. Takes a lock; not for hooks
- * of functions the lock holder could call. */
-bool gg_py_resolve(const struct gg_py_raw *f, bool live, struct gg_py_frame *out);
+/* Name n captured frames (see above) into out[0..n); returns how many were
+ * named. One that cannot be (the code object is gone or changed, storage is
+ * exhausted, capture never ran) gets "?" strings and line 0. Takes a lock
+ * (one spin lock of this module, never held across a call out of it). */
+int gg_py_resolve(const struct gg_py_raw *f, int n, bool live, struct gg_py_frame *out);
 
 /* Turn capture off for good (GPUGUARD_PYTHON=0, [journal] python = no). */
 void gg_py_disable(void);

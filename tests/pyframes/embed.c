@@ -29,13 +29,13 @@ static void *probe(void *self, void *unused)
     static char text[1 << 16];
     struct gg_py_raw raw[GG_PY_MAX_DEPTH];
     int n = gg_py_capture(raw, GG_PY_MAX_DEPTH);
+    struct gg_py_frame f[GG_PY_MAX_DEPTH];
+    gg_py_resolve(raw, n, true, f);
     size_t used = 0;
     text[0] = '\0';
     for (int i = 0; i < n; i++) {
-        struct gg_py_frame f;
-        gg_py_resolve(&raw[i], true, &f);
-        int w = snprintf(text + used, sizeof text - used, "%s\x1f%d\x1f%s\n", f.file, f.line,
-                         f.func);
+        int w = snprintf(text + used, sizeof text - used, "%s\x1f%d\x1f%s\n", f[i].file,
+                         f[i].line, f[i].func);
         if (w < 0 || (size_t)w >= sizeof text - used)
             break;
         used += (size_t)w;

@@ -32,19 +32,17 @@ GG_EXPORT int pyprobe_bench(int iters, double *out);
 
 static int format(const struct gg_py_raw *raw, int n, bool live, char *buf, int size)
 {
-    int used = 0, bad = 0;
+    struct gg_py_frame f[GG_PY_MAX_DEPTH];
+    int named = gg_py_resolve(raw, n, live, f), used = 0;
     buf[0] = '\0';
     for (int i = 0; i < n; i++) {
-        struct gg_py_frame f;
-        if (!gg_py_resolve(&raw[i], live, &f))
-            bad++;
-        int w = snprintf(buf + used, (size_t)(size - used), "%s\x1f%d\x1f%s\n", f.file, f.line,
-                         f.func);
+        int w = snprintf(buf + used, (size_t)(size - used), "%s\x1f%d\x1f%s\n", f[i].file,
+                         f[i].line, f[i].func);
         if (w < 0 || w >= size - used)
             return -2;
         used += w;
     }
-    return bad ? -1 : n;
+    return named < n ? -1 : n;
 }
 
 GG_EXPORT int pyprobe_capture(char *buf, int size, int max)
@@ -75,7 +73,7 @@ GG_EXPORT int pyprobe_line(uintptr_t code, int addr)
     struct gg_py_frame f;
     if (!gg_py_test_raw(code, addr, &raw))
         return -2;
-    return gg_py_resolve(&raw, true, &f) ? f.line : -3;
+    return gg_py_resolve(&raw, 1, true, &f) == 1 ? f.line : -3;
 }
 
 GG_EXPORT int pyprobe_state(void)
@@ -109,7 +107,6 @@ static int (*unw_backtrace_fn)(void **, int);
 GG_EXPORT int pyprobe_bench(int iters, double *out)
 {
     struct gg_py_raw raw[GG_PY_MAX_DEPTH];
-    struct gg_py_frame f;
     int n = gg_py_capture(raw, GG_PY_MAX_DEPTH);
     if (n <= 0 || iters <= 0)
         return -1;
@@ -119,12 +116,11 @@ GG_EXPORT int pyprobe_bench(int iters, double *out)
         gg_py_capture(raw, GG_PY_MAX_DEPTH);
     out[1] = (double)(gg_now_ns() - t0) / iters;
 
-    for (int j = 0; j < n; j++)
-        gg_py_resolve(&raw[j], true, &f);
+    struct gg_py_frame f[GG_PY_MAX_DEPTH];
+    gg_py_resolve(raw, n, true, f);
     t0 = gg_now_ns();
     for (int i = 0; i < iters; i++)
-        for (int j = 0; j < n; j++)
-            gg_py_resolve(&raw[j], true, &f);
+        gg_py_resolve(raw, n, true, f);
     out[2] = (double)(gg_now_ns() - t0) / ((double)iters * n);
 
     int rounds = iters / 10 + 1;
@@ -134,8 +130,7 @@ GG_EXPORT int pyprobe_bench(int iters, double *out)
             for (int j = 0; j < n; j++)
                 gg_py_test_forget(&raw[j]);
             t0 = gg_now_ns();
-            for (int j = 0; j < n; j++)
-                gg_py_resolve(&raw[j], k == 0, &f);
+            gg_py_resolve(raw, n, k == 0, f);
             spent += gg_now_ns() - t0;
         }
         out[3 + k] = (double)spent / ((double)rounds * n);

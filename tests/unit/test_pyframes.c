@@ -131,7 +131,7 @@ static void test_no_python(void)
     CHECK_STR(gg_py_status(), "no Python in this process");
     CHECK(gg_py_take_error() == NULL);
     raw[0] = (struct gg_py_raw){ 4096, 0, 0 };
-    CHECK(!gg_py_resolve(&raw[0], false, &f));
+    CHECK(gg_py_resolve(&raw[0], 1, false, &f) == 0);
     CHECK_STR(f.file, "?");
     CHECK_EQ_U64(f.line, 0);
 }
@@ -189,16 +189,20 @@ static void names_both_frames(void)
     CHECK_EQ_U64(gg_py_state(), GG_PY_ON);
     CHECK(strstr(gg_py_status(), "libpython-fake") != NULL);
     CHECK(gg_py_take_error() == NULL);
-    CHECK(gg_py_resolve(&raw[0], true, &f));
+    CHECK(gg_py_resolve(&raw[0], 1, true, &f) == 1);
     CHECK_STR(f.file, "/m/m\xc3\xb6" "del.py");
     CHECK_STR(f.func, "Net.forward");
     CHECK_EQ_U64(f.line, 13);
-    CHECK(gg_py_resolve(&raw[1], true, &f));
+    CHECK(gg_py_resolve(&raw[1], 1, true, &f) == 1);
     CHECK_STR(f.file, "/m/train.py");
     CHECK_STR(f.func, "<module>");
     CHECK_EQ_U64(f.line, 21);
+    struct gg_py_frame both[2];
+    CHECK_EQ_U64(gg_py_resolve(raw, 2, true, both), 2);
+    CHECK_STR(both[0].func, "Net.forward");
+    CHECK_STR(both[1].func, "<module>");
     CHECK_EQ_U64(gg_py_capture(raw, 1), 1);          /* the cap: innermost first */
-    CHECK(gg_py_resolve(&raw[0], false, &f));       /* checked reads, same answer */
+    CHECK(gg_py_resolve(&raw[0], 1, false, &f) == 1);       /* checked reads, same answer */
     CHECK_STR(f.func, "Net.forward");
     /* Finalizing, or a thread Python never saw: nothing. */
     fake_call("fakepy_finalizing_on");
@@ -222,14 +226,14 @@ static void late_after_free(void)
     struct gg_py_raw raw[16];
     struct gg_py_frame f;
     CHECK_EQ_U64(gg_py_capture(raw, 16), 2);
-    CHECK(gg_py_resolve(&raw[0], true, &f));
+    CHECK(gg_py_resolve(&raw[0], 1, true, &f) == 1);
     fake_call("fakepy_free_inner_code");
-    CHECK(gg_py_resolve(&raw[0], false, &f));       /* cached: no read at all */
+    CHECK(gg_py_resolve(&raw[0], 1, false, &f) == 1);       /* cached: no read at all */
     CHECK_STR(f.func, "Net.forward");
     gg_py_test_forget(NULL);
-    CHECK(!gg_py_resolve(&raw[0], false, &f));      /* unmapped: no crash, no name */
+    CHECK(gg_py_resolve(&raw[0], 1, false, &f) == 0);      /* unmapped: no crash, no name */
     CHECK_STR(f.func, "?");
-    CHECK(gg_py_resolve(&raw[1], false, &f));
+    CHECK(gg_py_resolve(&raw[1], 1, false, &f) == 1);
     CHECK_STR(f.func, "<module>");
 }
 
@@ -242,9 +246,9 @@ static void late_after_replace(void)
     struct gg_py_raw again[16];
     CHECK_EQ_U64(gg_py_capture(again, 16), 2);
     CHECK(again[0].code == raw[0].code && again[0].ident != raw[0].ident);
-    CHECK(!gg_py_resolve(&raw[0], false, &f));      /* not the code it was */
-    CHECK(!gg_py_resolve(&raw[0], true, &f));
-    CHECK(gg_py_resolve(&again[0], true, &f));
+    CHECK(gg_py_resolve(&raw[0], 1, false, &f) == 0);      /* not the code it was */
+    CHECK(gg_py_resolve(&raw[0], 1, true, &f) == 0);
+    CHECK(gg_py_resolve(&again[0], 1, true, &f) == 1);
     CHECK_STR(f.func, "Other.forward");
 }
 
