@@ -402,6 +402,7 @@ static void probe(void)
         if (!g_adds_seen)
             dl_iterate_phdr(adds_cb, &g_adds_seen);
         set_status("no Python in this process");
+        atomic_store(&g_next_scan_ns, gg_now_ns() + RESCAN_NS);
         atomic_store(&g_state, ST_ABSENT);
         return;
     }
@@ -1103,4 +1104,9 @@ void gg_py_test_forget(const struct gg_py_raw *f)
     else if (g_cache)
         g_cache[cache_slot(f)].file = NULL;
     plock_unlock(&g_lock);
+}
+
+void gg_py_test_rescan_now(void)
+{
+    atomic_store(&g_next_scan_ns, 0);
 }

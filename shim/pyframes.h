@@ -124,9 +124,11 @@ size_t gg_py_utf8(unsigned kind, const void *data, size_t length, char *out, siz
 unsigned gg_py_str_kind(uint32_t state, bool ready_bit, bool *ascii);
 
 /* For tests: a raw frame for a live code object (address from id(code)) and
- * offset, as capture would record it; false when `code` is not one. And a
- * frame's cache entry forgotten (NULL: all; interned strings stay). */
+ * offset, as capture would record it; false when `code` is not one. A
+ * frame's cache entry forgotten (NULL: all; interned strings stay). The next
+ * look for a Python loaded later allowed now rather than within a second. */
 bool gg_py_test_raw(uintptr_t code, int32_t addr, struct gg_py_raw *out);
 void gg_py_test_forget(const struct gg_py_raw *f);
+void gg_py_test_rescan_now(void);
 
 #endif /* GG_PYFRAMES_H */

@@ -12,6 +12,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <link.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -231,6 +232,46 @@ static void test_outside_modules(void)
     munmap(anon, 4096);
 }
 
+/* Threads naming addresses at once, in a module none has read yet (a copy
+ * of libsym.so): run under ThreadSanitizer by make test-tsan. */
+static uintptr_t copy_exported, copy_aligned;
+
+static void *look_up(void *arg)
+{
+    long *bad = arg;
+    for (int i = 0; i < 300; i++) {
+        if (strcmp(name_at(copy_exported + 1), "exported_fn") != 0 ||
+            strcmp(name_at(copy_aligned - 1), "") != 0 ||
+            strcmp(name_at((uintptr_t)main + 1), "main") != 0)
+            ++*bad;
+    }
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    char copy[PATH_MAX + 64], cmd[3 * PATH_MAX];
+    snprintf(copy, sizeof copy, "%s/libsym_copy.so", dir);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", path_of("libsym.so"), copy);
+    CHECK(system(cmd) == 0);
+    void *h = dlopen(copy, RTLD_NOW | RTLD_LOCAL);
+    copy_exported = (uintptr_t)fn(h, "exported_fn");
+    copy_aligned = (uintptr_t)fn(h, "aligned_fn");
+    if (!copy_exported || !copy_aligned) {
+        CHECK(0);
+        return;
+    }
+    pthread_t t[4];
+    long bad[4] = { 0 };
+    for (int i = 0; i < 4; i++)
+        CHECK(pthread_create(&t[i], NULL, look_up, &bad[i]) == 0);
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        CHECK_EQ_U64(bad[i], 0);
+    }
+    unlink(copy);
+}
+
 /* ---- corrupt files ------------------------------------------------------ */
 
 static uint8_t *image;
@@ -376,6 +417,7 @@ int main(void)
     RUN(test_main_program);
     RUN(test_non_pie);
     RUN(test_outside_modules);
+    RUN(test_threads);
     RUN(test_corrupt_files);
     return unit_done();
 }

@@ -11,6 +11,7 @@
 #include <dlfcn.h>
 #include <libgen.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -267,6 +268,38 @@ static void later_anomaly(void)
 
 static void test_fake_later_anomaly(void) { with_fake(FAKE_312, false, false, later_anomaly); }
 
+/* Threads capturing and naming at once (the first walk among them): run
+ * under ThreadSanitizer by make test-tsan. */
+static void *capture_and_name(void *arg)
+{
+    long *bad = arg;
+    for (int i = 0; i < 2000; i++) {
+        struct gg_py_raw raw[8];
+        struct gg_py_frame f[8];
+        int n = gg_py_capture(raw, 8);
+        if (n != 2 || gg_py_resolve(raw, n, true, f) != 2 || strcmp(f[0].func, "Net.forward") ||
+            f[1].line != 21)
+            ++*bad;
+        if (i % 500 == 0)
+            gg_py_test_forget(NULL);
+    }
+    return NULL;
+}
+
+static void threads(void)
+{
+    pthread_t t[4];
+    long bad[4] = { 0 };
+    for (int i = 0; i < 4; i++)
+        CHECK(pthread_create(&t[i], NULL, capture_and_name, &bad[i]) == 0);
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        CHECK_EQ_U64(bad[i], 0);
+    }
+}
+
+static void test_fake_threads(void) { with_fake(FAKE_312, false, false, threads); }
+
 static void test_fake_late(void)
 {
     with_fake(FAKE_312, false, false, late_after_free);
@@ -316,6 +349,39 @@ static void test_fake_refused(void)
     }
 }
 
+/* ---- Python loaded after the first look --------------------------------- */
+
+static void test_python_loaded_later(void)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        unit_checks_failed = 0;
+        struct gg_py_raw raw[8];
+        CHECK_EQ_U64(gg_py_capture(raw, 8), 0);
+        CHECK_EQ_U64(gg_py_state(), GG_PY_ABSENT);
+        char path[PATH_MAX + 64];
+        snprintf(path, sizeof path, "%s/libpython-fake.so", fake_dir);
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);    /* embedded, later */
+        int (*setup)(int) = h ? (int (*)(int))dlsym(h, "fakepy_setup") : NULL;
+        CHECK(setup && setup(FAKE_312) == 0);
+        int n = 0;
+        for (int i = 0; i < 256 && n == 0; i++)     /* looked for again, not every call */
+            n = gg_py_capture(raw, 8);
+        CHECK_EQ_U64(n, 0);                          /* not within the second */
+        gg_py_test_rescan_now();
+        for (int i = 0; i < 256 && n == 0; i++)
+            n = gg_py_capture(raw, 8);
+        CHECK_EQ_U64(n, 2);
+        CHECK_EQ_U64(gg_py_state(), GG_PY_ON);
+        fflush(stdout);
+        _exit(unit_checks_failed > 99 ? 99 : unit_checks_failed);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 int main(void)
 {
     char self[PATH_MAX];
@@ -334,7 +400,9 @@ int main(void)
     RUN(test_fake_rtld_local);
     RUN(test_fake_late);
     RUN(test_fake_later_anomaly);
+    RUN(test_fake_threads);
     RUN(test_fake_refused);
+    RUN(test_python_loaded_later);
     RUN(test_no_python);
     return unit_done();
 }
