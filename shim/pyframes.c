@@ -41,7 +41,6 @@
 #include "os.h"
 
 #include <dlfcn.h>
-#include <errno.h>
 #include <link.h>
 #include <sched.h>
 #include <stdio.h>

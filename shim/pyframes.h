@@ -22,9 +22,12 @@
  * returned to Python since: its frames hold their code objects alive, so
  * they are read directly. With live = false every read of interpreter memory
  * is checked (process_vm_readv on ourselves: about 1 us a read): a code
- * object freed since gives false, never a crash. The strings handed back
- * live in storage this module owns for the life of the process (valid
- * UTF-8, no NUL inside, safe to format into JSON at any later time).
+ * object freed since is not named ("?"), never a crash. So resolve a new
+ * site's frames live, in the hook that captured them (about 25 ns a frame,
+ * 4 ns from the cache), and keep the result: by the time a summary is
+ * written the code may be gone. The strings handed back live in storage this
+ * module owns for the life of the process (valid UTF-8, no NUL inside, safe
+ * to format into JSON at any later time).
  *
  * Python is found once, on the first call (dlsym(RTLD_DEFAULT), else a loaded
  * libpython*.so found with dl_iterate_phdr, which covers an interpreter
@@ -35,11 +38,12 @@
  * frames before plain reads are trusted. On any mismatch capture turns off
  * for good, and gg_py_take_error() hands the reason out once, for the journal.
  *
- * Supported: CPython 3.10, 3.11, 3.12, 3.13 release builds with the GIL, on a
- * 64-bit little-endian machine (x86-64; aarch64 shares every offset used here,
- * as the structures hold only pointers and fixed-width fields). 3.9 and older,
- * 3.14 and newer, debug (trace-refs) and free-threaded builds: no frames and
- * one error message, never a crash.
+ * Supported: CPython 3.10, 3.11, 3.12, 3.13 release builds with the GIL, on
+ * x86-64 (tested). aarch64 is assumed to share every offset used here (LP64,
+ * the same alignment rules, little-endian bit fields) but is untested; the
+ * checks and the first checked walk would turn capture off if it did not.
+ * 3.9 and older, 3.14 and newer, pre-releases, trace-refs and free-threaded
+ * builds: no frames and one error message, never a crash.
  */
 #ifndef GG_PYFRAMES_H
 #define GG_PYFRAMES_H
