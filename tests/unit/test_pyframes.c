@@ -268,8 +268,8 @@ static void later_anomaly(void)
 
 static void test_fake_later_anomaly(void) { with_fake(FAKE_312, false, false, later_anomaly); }
 
-/* Threads capturing and naming at once (the first walk among them): run
- * under ThreadSanitizer by make test-tsan. */
+/* Threads capturing and naming at once, their first walks too: run under
+ * ThreadSanitizer by make test-tsan. */
 static void *capture_and_name(void *arg)
 {
     long *bad = arg;
@@ -290,6 +290,9 @@ static void threads(void)
 {
     pthread_t t[4];
     long bad[4] = { 0 };
+    /* Found first: captures while another thread looks return nothing rather
+     * than wait. The first walks, checked, still race. */
+    CHECK_EQ_U64(gg_py_state(), GG_PY_ON);
     for (int i = 0; i < 4; i++)
         CHECK(pthread_create(&t[i], NULL, capture_and_name, &bad[i]) == 0);
     for (int i = 0; i < 4; i++) {
