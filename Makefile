@@ -76,6 +76,7 @@ $(BUILD)/shim $(BUILD)/tests/unit $(BUILD)/tests/progs $(BUILD)/fake:
 -include tests/fake/fake.mk
 -include tools/check/check.mk
 -include bench/bench.mk
+-include tests/pyframes/pyframes.mk
 
 # Unit tests: one per module, linked against the core archive.
 UNIT_SRC  := $(sort $(wildcard tests/unit/test_*.c))
@@ -91,7 +92,8 @@ $(BUILD)/tests/progs/%: tests/progs/%.c $(FAKE_CUDART) | $(BUILD)/tests/progs
 	$(CC) $(CFLAGS) -fno-omit-frame-pointer -Iinclude $(CUDA_INC) $< -o $@ $(LDFLAGS) \
 	  -L$(BUILD)/fake -l:libcudart.so.13 -Wl,-rpath,'$$ORIGIN/../../fake' -ldl -lpthread
 
-TEST_DEPS := $(SHIM_LIB) $(BUILD)/gpuguard-check $(FAKE_LIBS) $(UNIT_BIN) $(PROG_BIN)
+TEST_DEPS := $(SHIM_LIB) $(BUILD)/gpuguard-check $(FAKE_LIBS) $(UNIT_BIN) $(PROG_BIN) \
+             $(PYFRAMES_TEST)
 
 test: deps
 	@$(MAKE) --no-print-directory $(TEST_DEPS)
