@@ -10,14 +10,13 @@
  * IFUNC symbols with a size, defined in an executable section, and lying
  * inside it) go in; aliases at the same address keep the global name.
  *
- * Locks: one spin lock owned by a process id (a child forked while a parent
- * thread held it takes it over), never held across dl_iterate_phdr, dlsym
- * or dlopen, so it cannot order itself against the loader's locks. No stdio;
+ * Locks: one spin lock (reset in a forked child: life.c's fork story),
+ * never held across dl_iterate_phdr, dlsym or dlopen, so it cannot order itself against the loader's locks. No stdio;
  * the only malloc is inside __cxa_demangle. A lookup uses about 8 KiB of
  * stack (a path and the module's program headers, copied from the loader).
  */
 #include "elfsym.h"
-#include "os.h"
+#include "prim.h"
 
 #include <dlfcn.h>
 #include <elf.h>
@@ -61,9 +60,7 @@ struct module {
     size_t syms_bytes, str_bytes;       /* as mmap'd */
 };
 
-struct plock { _Atomic int owner; };
-
-static struct plock g_lock;
+static gg_spin g_lock = GG_SPIN_INIT;
 static struct module g_modules[MAX_MODULES];
 static size_t g_nmodules;
 static uint64_t g_total;                /* bytes mmap'd for tables */
@@ -77,31 +74,12 @@ static _Atomic unsigned long long g_demangle_adds = ~0ull;
 
 /* ---- small helpers ------------------------------------------------------ */
 
-static void plock_lock(struct plock *l)
-{
-    int me = (int)getpid();
-    for (unsigned spins = 0;; spins++) {
-        int cur = 0;
-        if (atomic_compare_exchange_weak(&l->owner, &cur, me))
-            return;
-        if (cur != 0 && cur != me && atomic_compare_exchange_strong(&l->owner, &cur, me))
-            return;
-        if (spins > 64)
-            sched_yield();
-    }
-}
-
-static void plock_unlock(struct plock *l)
-{
-    atomic_store_explicit(&l->owner, 0, memory_order_release);
-}
-
 static char *arena_copy(const char *s, size_t n)
 {
     if (n + 1 > ARENA_CHUNK)
         n = ARENA_CHUNK - 1;
     if (n + 1 > g_arena_left) {
-        if (g_arena_chunks >= ARENA_CHUNKS || !(g_arena = gg_os_alloc(ARENA_CHUNK)))
+        if (g_arena_chunks >= ARENA_CHUNKS || !(g_arena = gg_pages(ARENA_CHUNK)))
             return NULL;
         g_arena_chunks++;
         g_arena_left = ARENA_CHUNK;
@@ -142,7 +120,7 @@ static void *table_alloc(size_t size)
 {
     if (size == 0 || size > MAX_TOTAL - g_total)
         return NULL;
-    void *p = gg_os_alloc(size);
+    void *p = gg_pages(size);
     if (p)
         g_total += size;
     return p;
@@ -151,7 +129,7 @@ static void *table_alloc(size_t size)
 static void table_free(void *p, size_t size)
 {
     if (p) {
-        gg_os_free(p, size);
+        gg_pages_free(p, size);
         g_total -= size;
     }
 }
@@ -534,7 +512,7 @@ bool gg_elfsym_lookup(uintptr_t addr, struct gg_elfsym_hit *out)
     if (!w.found)
         return false;
     demangle_fn dm = demangler(w.adds);
-    plock_lock(&g_lock);
+    gg_spin_lock(&g_lock);
     struct module *m = module_for(&w);
     if (m) {
         out->module = m->path;
@@ -555,14 +533,14 @@ bool gg_elfsym_lookup(uintptr_t addr, struct gg_elfsym_hit *out)
             out->size = s->size;
         }
     }
-    plock_unlock(&g_lock);
+    gg_spin_unlock(&g_lock);
     return m != NULL;
 }
 
 long gg_elfsym_test_file(const char *path, uint64_t vaddr, char *name, size_t size)
 {
     struct module m = { 0 };
-    plock_lock(&g_lock);
+    gg_spin_lock(&g_lock);
     bool ok = load_syms(path, NULL, &m);
     const struct sym *s = ok ? find_sym(&m, vaddr) : NULL;
     if (size) {
@@ -573,6 +551,11 @@ long gg_elfsym_test_file(const char *path, uint64_t vaddr, char *name, size_t si
     }
     table_free(m.syms, m.syms_bytes);
     table_free(m.strtab, m.str_bytes);
-    plock_unlock(&g_lock);
+    gg_spin_unlock(&g_lock);
     return ok ? (long)m.nsyms : -1;
+}
+
+void gg_elfsym_after_fork(void)
+{
+    gg_spin_reset(&g_lock);
 }

@@ -51,4 +51,7 @@ bool gg_elfsym_demangle(const char *name, char *out, size_t size);
  * ("" when none). Returns how many functions, or -1 for a file rejected. */
 long gg_elfsym_test_file(const char *path, uint64_t vaddr, char *name, size_t size);
 
+/* The fork story (life.c): the lock is reset in a forked child. */
+void gg_elfsym_after_fork(void);
+
 #endif /* GG_ELFSYM_H */

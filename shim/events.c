@@ -10,6 +10,7 @@
 #include "gpuguard.h"
 #include "journal.h"
 #include "prim.h"
+#include "stack.h"
 #include "symbolize.h"
 
 static void begin(struct gg_json *j, char *buf, size_t cap, const char *ev)
@@ -27,6 +28,26 @@ static void end(struct gg_json *j)
     if (!j->failed)
         gg_journal_write(j->buf, j->len);
     gg_json_free(j);
+}
+
+/* "pystack": the site's Python frames [{file, line, func}], innermost
+ * first; and for a stack with none, "thread": the name of the thread that
+ * made it (autograd's, NCCL's), when known. */
+static void python_frames(struct gg_json *j, gg_site site, const char *key)
+{
+    const struct gg_stack_note *n = gg_stack_note(site);
+    gg_json_key(j, key);
+    gg_json_arr(j);
+    for (int i = 0; n && i < n->npy; i++) {
+        gg_json_obj(j);
+        gg_json_kstr(j, "file", n->py[i].file);
+        gg_json_ki64(j, "line", n->py[i].line);
+        gg_json_kstr(j, "func", n->py[i].func);
+        gg_json_obj_end(j);
+    }
+    gg_json_arr_end(j);
+    if (n && !n->npy && n->thread[0])
+        gg_json_kstr(j, "thread", n->thread);
 }
 
 void gg_events_stack(struct gg_json *j, gg_site site)
@@ -131,6 +152,7 @@ void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v)
     }
     gg_json_key(&j, "stack");
     gg_events_stack(&j, c->site);
+    python_frames(&j, c->site, "pystack");
     end(&j);
 }
 
@@ -217,6 +239,9 @@ static void peak_sites(struct gg_json *j, int dev, uint64_t peak)
             gg_json_key(j, "stack");
             gg_json_arr(j);
             gg_json_arr_end(j);
+            gg_json_key(j, "pystack");
+            gg_json_arr(j);
+            gg_json_arr_end(j);
             gg_json_ku64(j, "bytes", rest);
             gg_json_key(j, "allocs");
             gg_json_null(j);
@@ -228,6 +253,7 @@ static void peak_sites(struct gg_json *j, int dev, uint64_t peak)
         gg_json_obj(j);
         gg_json_key(j, "stack");
         gg_events_stack(j, top[k].site);
+        python_frames(j, top[k].site, "pystack");
         gg_json_ku64(j, "bytes", top[k].bytes);
         gg_json_ku64(j, "allocs", top[k].allocs);
         gg_json_obj_end(j);
@@ -265,6 +291,7 @@ void gg_events_summary(double duration)
         gg_json_ku64(&j, "unknown_frees", atomic_load(&d->unknown_frees));
         gg_json_key(&j, "peak_stack");
         gg_events_stack(&j, atomic_load(&d->peak_site));
+        python_frames(&j, atomic_load(&d->peak_site), "peak_pystack");
         gg_json_key(&j, "peak_sites");
         peak_sites(&j, i, peak);
         gg_json_obj_end(&j);

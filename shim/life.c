@@ -22,6 +22,8 @@
 #include "react.h"
 #include "settings.h"
 #include "sites.h"
+#include "elfsym.h"
+#include "pyframes.h"
 #include "stack.h"
 #include "symbolize.h"
 
@@ -117,6 +119,9 @@ static void child_after_fork(void)
     gg_advice_after_fork();
     gg_ledger_after_fork();
     gg_sites_after_fork();
+    gg_stack_after_fork();
+    gg_py_after_fork();
+    gg_elfsym_after_fork();
     gg_maps_after_fork();
     gg_guard_after_fork();
     gg_symbolize_after_fork();
@@ -157,12 +162,13 @@ static bool start(void)
         gg_journal_release(false);
         return false;
     }
-    gg_stack_warmup();
+    gg_stack_warmup(gg_device_policy(0)->s.python);
     char comm[64], host[256] = "";
     gg_proc_name(comm, sizeof comm);
     gethostname(host, sizeof host - 1);
     bool open = gg_journal_open(gg_device_policy(0)->s.journal_dir, comm, proc.rank);
     gg_events_start(comm, host, proc.rank);
+    gg_react_python();
     gg_journal_release(open);
     atexit(at_exit);
     return true;
@@ -269,6 +275,7 @@ void gg_life_finish(void)
     if (s != GG_STATE_ACTIVE && s != GG_STATE_PASSTHROUGH)
         return;
     int batch, accum;
+    gg_react_python();
     if (gg_advice_current(&batch, &accum))
         batch_events(batch, accum, true); /* the phase the process ended in */
     gg_events_summary(gg_clock_since_start());

@@ -38,7 +38,7 @@
  * instruction: 3.12+'s shim frame for __init__ calls) are skipped.
  */
 #include "pyframes.h"
-#include "os.h"
+#include "prim.h"
 
 #include <dlfcn.h>
 #include <link.h>
@@ -783,29 +783,6 @@ size_t gg_py_utf8(unsigned kind, const void *data, size_t length, char *out, siz
 
 /* ---- naming frames ------------------------------------------------------ */
 
-/* A spin lock owned by a process id (0: free). A lock held by another
- * process can only be a parent's, inherited through fork, whose holder does
- * not exist here: it is taken over. */
-struct plock { _Atomic int owner; };
-
-static void plock_lock(struct plock *l)
-{
-    int me = (int)getpid();
-    for (unsigned spins = 0;; spins++) {
-        int cur = 0;
-        if (atomic_compare_exchange_weak(&l->owner, &cur, me))
-            return;
-        if (cur != 0 && cur != me && atomic_compare_exchange_strong(&l->owner, &cur, me))
-            return;
-        if (spins > 64)
-            sched_yield();
-    }
-}
-
-static void plock_unlock(struct plock *l)
-{
-    atomic_store_explicit(&l->owner, 0, memory_order_release);
-}
 
 struct centry {
     uintptr_t code;
@@ -817,7 +794,7 @@ struct centry {
 
 struct istr { uint64_t hash; const char *s; };
 
-static struct plock g_lock;
+static gg_spin g_lock = GG_SPIN_INIT;
 static struct centry *g_cache;           /* 1 << CACHE_BITS */
 static struct istr *g_intern;            /* 1 << INTERN_BITS */
 static size_t g_interned;
@@ -842,7 +819,7 @@ static char *arena_alloc(size_t n)
     if (n > ARENA_CHUNK)
         return NULL;
     if (n > g_arena_left) {
-        if (g_arena_chunks >= ARENA_CHUNKS || !(g_arena = gg_os_alloc(ARENA_CHUNK)))
+        if (g_arena_chunks >= ARENA_CHUNKS || !(g_arena = gg_pages(ARENA_CHUNK)))
             return NULL;
         g_arena_chunks++;
         g_arena_left = ARENA_CHUNK;
@@ -980,7 +957,7 @@ static bool name_frame(const struct gg_py_raw *f, bool checked, struct centry *e
     if (!read_bytes_hdr(lt, checked, &ltsize, &ltdata))
         return false;
     if (!g_ltbuf)
-        g_ltbuf = gg_os_alloc(LINETABLE_MAX);
+        g_ltbuf = gg_pages(LINETABLE_MAX);
     if (g_ltbuf && ltsize <= LINETABLE_MAX && (!ltsize || rd(checked, g_ltbuf, ltdata, (size_t)ltsize)))
         line = L.walk == W310 ? gg_py_line_310(g_ltbuf, (size_t)ltsize, firstlineno, f->addr)
                               : gg_py_line_311(g_ltbuf, (size_t)ltsize, firstlineno, f->addr);
@@ -1029,14 +1006,14 @@ int gg_py_resolve(const struct gg_py_raw *f, int n, bool live, struct gg_py_fram
         checked = false;
     }
     int named = 0;
-    plock_lock(&g_lock);
+    gg_spin_lock(&g_lock);
     if (!g_cache)
-        g_cache = gg_os_alloc(sizeof *g_cache << CACHE_BITS);
+        g_cache = gg_pages(sizeof *g_cache << CACHE_BITS);
     if (!g_intern)
-        g_intern = gg_os_alloc(sizeof *g_intern << INTERN_BITS);
+        g_intern = gg_pages(sizeof *g_intern << INTERN_BITS);
     for (int i = 0; i < n; i++)
         named += resolve_one(&f[i], checked, &out[i]);
-    plock_unlock(&g_lock);
+    gg_spin_unlock(&g_lock);
     return named;
 }
 
@@ -1097,15 +1074,20 @@ bool gg_py_test_raw(uintptr_t code, int32_t addr, struct gg_py_raw *out)
 
 void gg_py_test_forget(const struct gg_py_raw *f)
 {
-    plock_lock(&g_lock);
+    gg_spin_lock(&g_lock);
     if (g_cache && !f)
         memset(g_cache, 0, sizeof *g_cache << CACHE_BITS);
     else if (g_cache)
         g_cache[cache_slot(f)].file = NULL;
-    plock_unlock(&g_lock);
+    gg_spin_unlock(&g_lock);
 }
 
 void gg_py_test_rescan_now(void)
 {
     atomic_store(&g_next_scan_ns, 0);
+}
+
+void gg_py_after_fork(void)
+{
+    gg_spin_reset(&g_lock);
 }

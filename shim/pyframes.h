@@ -135,4 +135,7 @@ bool gg_py_test_raw(uintptr_t code, int32_t addr, struct gg_py_raw *out);
 void gg_py_test_forget(const struct gg_py_raw *f);
 void gg_py_test_rescan_now(void);
 
+/* The fork story (life.c): the lock is reset in a forked child. */
+void gg_py_after_fork(void);
+
 #endif /* GG_PYFRAMES_H */

@@ -5,6 +5,7 @@
 #include "device.h"
 #include "events.h"
 #include "prim.h"
+#include "pyframes.h"
 
 static void sample(int dev, const struct gg_verdict *v)
 {
@@ -27,8 +28,16 @@ static void advise(int dev, enum gg_reason why)
         gg_advice_signal(tp.signal);
 }
 
+void gg_react_python(void)
+{
+    const char *why = gg_py_take_error();
+    if (why)
+        gg_events_error("no Python frames in stacks from now on: %s", why);
+}
+
 GG_COLD void gg_react(const struct gg_call *c, const struct gg_verdict *v)
 {
+    gg_react_python();
     static const enum gg_reason reason[] = {
         [GG_INCIDENT_NEAR_MISS] = GG_REASON_NEAR_MISS, [GG_INCIDENT_REFUSED] = GG_REASON_REFUSED,
         [GG_INCIDENT_OOM] = GG_REASON_OOM};

@@ -18,6 +18,10 @@ void gg_react(const struct gg_call *c, const struct gg_verdict *v);
 /* After a free on device dev. */
 void gg_react_free(int dev, const struct gg_verdict *v);
 
+/* Python frames could not be read (an unsupported interpreter, a layout
+ * that did not check out): said once, as an `error` event. */
+void gg_react_python(void);
+
 /* Devices (a bit each) switched to enforce by a trainer's registration. */
 void gg_react_registered(uint64_t switched);
 

@@ -19,6 +19,7 @@ struct site {
     _Atomic int64_t allocs;
     uint64_t hash;
     const uintptr_t *words;                /* native frames, then Python pairs */
+    _Atomic(void *) note;                  /* see gg_sites_note */
     int32_t dev;
     uint16_t n_native, n_py;
 };
@@ -133,6 +134,7 @@ static GG_COLD gg_site insert(uint64_t h, int dev, const uintptr_t *native, size
     atomic_store_explicit(&s->allocs, 0, memory_order_relaxed);
     s->hash = h;
     s->words = words;
+    atomic_store_explicit(&s->note, NULL, memory_order_relaxed);
     s->dev = dev;
     s->n_native = (uint16_t)nn;
     s->n_py = (uint16_t)np;
@@ -197,6 +199,21 @@ void gg_sites_charge(gg_site site, int64_t bytes, int64_t allocs)
         atomic_fetch_add_explicit(&s->bytes, bytes, memory_order_relaxed);
     if (allocs)
         atomic_fetch_add_explicit(&s->allocs, allocs, memory_order_relaxed);
+}
+
+void *gg_sites_note(gg_site site)
+{
+    struct site *s = site_get(site);
+    return s ? atomic_load_explicit(&s->note, memory_order_acquire) : NULL;
+}
+
+bool gg_sites_set_note(gg_site site, void *note)
+{
+    struct site *s = site_get(site);
+    void *none = NULL;
+    return s && atomic_compare_exchange_strong_explicit(&s->note, &none, note,
+                                                        memory_order_release,
+                                                        memory_order_relaxed);
 }
 
 size_t gg_sites_count(void)

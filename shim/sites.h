@@ -19,6 +19,7 @@
 #ifndef GG_SITES_H
 #define GG_SITES_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,6 +50,12 @@ struct gg_site_usage { gg_site site; uint64_t bytes, allocs; };
 /* The sites of device dev holding memory now, largest first (bytes, then
  * allocations, then the older site); at most max, the count returned. */
 size_t gg_sites_top(int dev, struct gg_site_usage *out, size_t max);
+
+/* A note kept with a site, set once (the first setter wins) and never
+ * freed: what a layer above knows of the stack (its Python frames' names,
+ * resolved while they were live). NULL until set. */
+void *gg_sites_note(gg_site site);
+bool gg_sites_set_note(gg_site site, void *note);
 
 /* Distinct sites stored. */
 size_t gg_sites_count(void);

@@ -1,15 +1,11 @@
 /* symbolize.c - layer 3: naming return addresses (see symbolize.h). */
 #include "symbolize.h"
 
-#include <dlfcn.h>
-#include <limits.h>
-#include <link.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "arena.h"
+#include "elfsym.h"
 #include "prim.h"
-#include "unwind.h"
 
 #define SYM_SLOTS (1u << 17)   /* symbolized addresses: half of this */
 #define STR_SLOTS (1u << 16)   /* interned names: half of this */
@@ -41,47 +37,24 @@ static const struct sym_entry *cached(uintptr_t ip)
     return NULL;
 }
 
-/* Resolve without the cache. Strings may point into `name` and `path`, or
- * into the loader's own tables. */
-static void resolve(uintptr_t ip, struct gg_frame_info *fi, char *name, size_t name_cap,
-                    char *path, size_t path_cap)
+/* Resolve without the cache: named by a symbol only when ip - 1 lies inside
+ * that symbol's extent (elfsym.h), demangled; else module + offset from its
+ * load base (for addr2line). Strings may point into `name` or into elfsym's
+ * storage. */
+static void resolve(uintptr_t ip, struct gg_frame_info *fi, char *name, size_t name_cap)
 {
-    memset(fi, 0, sizeof *fi);
+    struct gg_elfsym_hit hit;
     uintptr_t look = ip ? ip - 1 : 0; /* a return address: the call is before it */
-    Dl_info di;
-    struct link_map *lm = NULL;
-    memset(&di, 0, sizeof di);
-    uintptr_t base = 0;
-    if (dladdr1((void *)look, &di, (void **)&lm, RTLD_DL_LINKMAP) != 0) {
-        fi->module = di.dli_fname;
-        base = lm ? (uintptr_t)lm->l_addr : (uintptr_t)di.dli_fbase;
-        if (lm && lm->l_name && lm->l_name[0] == '\0') {
-            /* The main program: dladdr says argv[0], which may be no path. */
-            ssize_t k = readlink("/proc/self/exe", path, path_cap - 1);
-            if (k > 0) {
-                path[k] = '\0';
-                fi->module = path;
-            }
-        }
-        if (fi->module && fi->module[0] == '\0')
-            fi->module = NULL;
-        if (di.dli_sname && di.dli_saddr) {
-            fi->sym = di.dli_sname;
-            fi->off = ip - (uintptr_t)di.dli_saddr;
-            fi->has_off = true;
-            return;
-        }
-    }
-    uint64_t off;
-    if (gg_unwind_proc_name(look, name, name_cap, &off)) {
-        fi->sym = name;
-        fi->off = off + (ip - look);
-        fi->has_off = true;
-        return;
-    }
-    if (fi->module) {
-        fi->off = ip - base;
-        fi->has_off = true;
+    memset(fi, 0, sizeof *fi);
+    if (!gg_elfsym_lookup(look, &hit))
+        return; /* no module holds it: anonymous memory, JIT code */
+    fi->module = hit.module && hit.module[0] ? hit.module : NULL;
+    fi->has_off = true;
+    if (hit.sym) {
+        fi->sym = gg_elfsym_demangle(hit.sym, name, name_cap) ? name : hit.sym;
+        fi->off = ip - hit.start;
+    } else {
+        fi->off = ip - hit.bias;
     }
 }
 
@@ -133,15 +106,14 @@ bool gg_symbolize(uintptr_t ip, struct gg_frame_info *out)
 {
     const struct sym_entry *e = cached(ip);
     if (!e) {
-        /* The names are read into pages of their own, not onto the stack:
+        /* The demangled name goes to pages of its own, not onto the stack:
          * this may run on a thread with a small stack. */
-        size_t scratch_len = NAME_MAX_LEN + PATH_MAX;
-        char *scratch = gg_pages(scratch_len);
+        char *scratch = gg_pages(NAME_MAX_LEN);
         if (scratch) {
             struct gg_frame_info fi;
-            resolve(ip, &fi, scratch, NAME_MAX_LEN, scratch + NAME_MAX_LEN, PATH_MAX);
+            resolve(ip, &fi, scratch, NAME_MAX_LEN);
             e = store(ip, &fi);
-            gg_pages_free(scratch, scratch_len);
+            gg_pages_free(scratch, NAME_MAX_LEN);
         }
         if (!e) {
             /* Out of space: nothing that would outlive this call. */

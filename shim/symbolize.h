@@ -1,7 +1,8 @@
 /* symbolize.h - layer 3: naming a return address, late and once.
  *
- * Each address is resolved once (dladdr, then libunwind's reading of the ELF
- * symbol table for what dladdr cannot name) and cached in a lock-free index;
+ * Each address is resolved once (elfsym.h: a symbol only when the address
+ * lies inside its extent, C++ names demangled; else module + offset) and
+ * cached in a lock-free index;
  * module and symbol names are interned into process-lifetime memory, so they
  * survive a dlclose of the object they came from. Never on the allocation
  * path: names are needed only when a journal line is written.

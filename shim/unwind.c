@@ -1,9 +1,7 @@
 /* unwind.c - layer 3: native stacks (see unwind.h). */
-#define UNW_LOCAL_ONLY
 #include "unwind.h"
 
 #include <dlfcn.h>
-#include <libunwind.h>
 #include <link.h>
 #include <pthread.h>
 #include <string.h>
@@ -12,17 +10,9 @@
 
 /* ---- libunwind, loaded out of sight ------------------------------------------- */
 
-/* Its functions by their real names (the header's macros give them:
- * unw_init_local2 is _ULx86_64_init_local2). */
-#define STR_(x) #x
-#define STR(x) STR_(x)
-
+/* Its one function the shim uses, by its real name. */
 static struct {
     int (*backtrace)(void **, int);
-    int (*getcontext)(unw_context_t *);
-    int (*init_local2)(unw_cursor_t *, unw_context_t *, int);
-    int (*set_reg)(unw_cursor_t *, unw_regnum_t, unw_word_t);
-    int (*get_proc_name)(unw_cursor_t *, char *, size_t, unw_word_t *);
 } unw;
 static pthread_once_t unw_once = PTHREAD_ONCE_INIT;
 static bool unw_ok;
@@ -35,11 +25,7 @@ static void unw_load(void)
     if (!h)
         return;
     *(void **)&unw.backtrace = gg_real_dlsym(h, "unw_backtrace");
-    *(void **)&unw.getcontext = gg_real_dlsym(h, STR(unw_tdep_getcontext));
-    *(void **)&unw.init_local2 = gg_real_dlsym(h, STR(unw_init_local2));
-    *(void **)&unw.set_reg = gg_real_dlsym(h, STR(unw_set_reg));
-    *(void **)&unw.get_proc_name = gg_real_dlsym(h, STR(unw_get_proc_name));
-    unw_ok = unw.backtrace != NULL; /* the rest only names frames */
+    unw_ok = unw.backtrace != NULL;
 }
 
 static inline bool unw_ready(void)
@@ -207,25 +193,4 @@ void gg_unwind_warmup(void)
     void *buf[GG_UNWIND_MAX];
     (void)unw.backtrace(buf, GG_UNWIND_MAX);
     busy = false;
-}
-
-bool gg_unwind_proc_name(uintptr_t ip, char *buf, size_t cap, uint64_t *off)
-{
-    unw_word_t o = 0;
-    buf[0] = '\0';
-    if (!unw_ready() || !unw.getcontext || !unw.init_local2 || !unw.set_reg ||
-        !unw.get_proc_name)
-        return false;
-    /* No lookup by address in every libunwind: point a local cursor at it. */
-    unw_context_t uc;
-    unw_cursor_t c;
-    if (unw.getcontext(&uc) != 0 || unw.init_local2(&c, &uc, UNW_INIT_SIGNAL_FRAME) != 0 ||
-        unw.set_reg(&c, UNW_REG_IP, (unw_word_t)ip) != 0)
-        return false;
-    int rc = unw.get_proc_name(&c, buf, cap, &o);
-    if ((rc != 0 && rc != -UNW_ENOMEM) || buf[0] == '\0')
-        return false;
-    buf[cap - 1] = '\0';
-    *off = o;
-    return true;
 }

@@ -32,10 +32,6 @@ void gg_unwind_warmup(void);
  * every frame of the shim. 0 when nothing could be taken. */
 size_t gg_unwind_capture(uintptr_t *ips, size_t depth, uintptr_t from);
 
-/* libunwind's name for the procedure holding ip (it reads the ELF symbol
- * table, so it names static functions dladdr cannot); *off from its start. */
-bool gg_unwind_proc_name(uintptr_t ip, char *buf, size_t cap, uint64_t *off);
-
 /* For tests: the code ranges whose leading frames a capture drops (default:
  * the executable segments of the object holding unwind.c; lo == NULL goes
  * back to it). Not for use while other threads capture. */

@@ -24,11 +24,11 @@ PYFRAMES_TEST := $(PYF_DIR)/libpyprobe.so $(PYF_DIR)/embed $(ELFSYM_DIR)/libsym.
 $(PYF_DIR) $(ELFSYM_DIR):
 	mkdir -p $@
 
-$(PYF_DIR)/libpyprobe.so: tests/pyframes/pyprobe.c shim/pyframes.c shim/os.c shim/pyframes.h \
-                          shim/os.h | $(PYF_DIR)
+$(PYF_DIR)/libpyprobe.so: tests/pyframes/pyprobe.c shim/pyframes.c shim/prim.c shim/pyframes.h \
+                          shim/prim.h | $(PYF_DIR)
 	$(CC) $(CFLAGS) -fvisibility=hidden -shared -Ishim $(filter %.c,$^) -o $@ $(LDFLAGS) -ldl
 
-$(PYF_DIR)/embed: tests/pyframes/embed.c shim/pyframes.c shim/os.c shim/pyframes.h shim/os.h \
+$(PYF_DIR)/embed: tests/pyframes/embed.c shim/pyframes.c shim/prim.c shim/pyframes.h shim/prim.h \
                   | $(PYF_DIR)
 	$(CC) $(CFLAGS) -Ishim $(filter %.c,$^) -o $@ $(LDFLAGS) -ldl -lpthread
 
@@ -42,7 +42,7 @@ $(ELFSYM_DIR)/libsym_stripped.so: tests/elfsym/symlib.c | $(ELFSYM_DIR)
 $(ELFSYM_DIR)/libsymcxx.so: tests/elfsym/symlib.cpp | $(ELFSYM_DIR)
 	$(CXX) $(SYMLIB_FLAGS) $< -o $@
 
-$(ELFSYM_DIR)/nopie: tests/elfsym/nopie.c shim/elfsym.c shim/os.c shim/elfsym.h shim/os.h \
+$(ELFSYM_DIR)/nopie: tests/elfsym/nopie.c shim/elfsym.c shim/prim.c shim/elfsym.h shim/prim.h \
                      | $(ELFSYM_DIR)
 	$(CC) $(filter-out -fPIC,$(CFLAGS)) -fno-pie -no-pie -Ishim $(filter %.c,$^) -o $@ \
 	  $(LDFLAGS) -ldl

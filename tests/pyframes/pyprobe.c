@@ -14,7 +14,7 @@
  *   pyprobe_bench(iters, out[7])     costs in ns (see bench_pyframes.py)
  */
 #include "pyframes.h"
-#include "os.h"
+#include "prim.h"
 
 #include <dlfcn.h>
 #include <stdio.h>

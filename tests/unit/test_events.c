@@ -81,7 +81,7 @@ static void test_incident_and_advice(void)
     const char *l = line_of("refused");
     CHECK(l && strstr(l, "\"dev\":0,\"api\":\"cudaMalloc\",\"bytes\":2147483648,"
                          "\"used\":22548578304,\"limit\":23622320128,\"total\":25769803776,"
-                         "\"stack\":[]}"));
+                         "\"stack\":[],\"pystack\":[]}"));
     l = line_of("advice");
     CHECK(l && strstr(l, "\"dev\":0,\"batch_size\":16,\"grad_accum\":2,\"reason\":\"refused\","
                          "\"signaled\":false}"));
@@ -100,7 +100,7 @@ static void test_batch_and_summary(void)
     gg_events_summary(1.5);
     const char *l = line_of("summary");
     CHECK(l && strstr(l, "\"duration\":1.500000"));
-    CHECK(l && strstr(l, "\"peak_stack\":[],\"peak_sites\":[]"));
+    CHECK(l && strstr(l, "\"peak_stack\":[],\"peak_pystack\":[],\"peak_sites\":[]"));
     /* every line is whole */
     const char *t = journal();
     CHECK(t[strlen(t) - 1] == '\n');

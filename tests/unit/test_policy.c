@@ -314,7 +314,7 @@ static void test_defaults(void)
     CHECK(p.s.grad_accum == 0);
     CHECK(p.s.min_batch_size == 1);
     CHECK_STR(p.s.journal_dir, ".");
-    CHECK(p.s.stacks == GG_STACKS_NEAR_MISS);
+    CHECK(p.s.stacks == GG_STACKS_ALL);
     CHECK(p.s.depth == 32);
     CHECK(!p.broken);
     CHECK(p.line[GG_SET_headroom] == 0);
@@ -620,7 +620,7 @@ static void test_exact_messages(void)
     CHECK_STR(rs.r[0].msg, "[journal] depth = '0': out of range (1..128)");
 
     load_text("m.ini", "[journal]\ndepht = 3\n", &p, &rs, path, sizeof path);
-    CHECK_STR(rs.r[0].msg, "unknown key 'depht' in [journal] (known: dir, stacks, depth)");
+    CHECK_STR(rs.r[0].msg, "unknown key 'depht' in [journal] (known: dir, stacks, python, depth)");
 
     load_text("m.ini", "[gpus]\n", &p, &rs, path, sizeof path);
     CHECK_STR(rs.r[0].msg,

@@ -154,8 +154,8 @@ static void test_none_and_junk(void)
     CHECK(gg_sites_device(GG_SITE_NONE) == -1);
     CHECK_EQ_U64(gg_stack_capture(0, 0), GG_SITE_NONE);
     CHECK_EQ_U64(gg_stack_capture(0, -3), GG_SITE_NONE);
-    gg_stack_warmup();
-    gg_stack_warmup();
+    gg_stack_warmup(true);
+    gg_stack_warmup(true);
 }
 
 static void test_same_site(void)
