@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arch.h"
 #include "guard.h"
 #include "init.h"
 #include "os.h"
@@ -264,6 +265,7 @@ static CUresult get_proc_v2(int v, const char *sym, void **pfn, int ver, cuuint6
                             CUdriverProcAddressQueryResult *status)
 {
     get_proc_v2_fn real = (get_proc_v2_fn)real_of(E_GET_PROC_V2, 0);
+    gg_arch_poll(); /* a runtime starting up: new modules are checked before their kernels */
     if (!real)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(sym, pfn, ver, flags, status);
@@ -276,6 +278,7 @@ typedef CUresult (*get_proc_v1_fn)(const char *, void **, int, cuuint64_t);
 static CUresult get_proc_v1(int v, const char *sym, void **pfn, int ver, cuuint64_t flags)
 {
     get_proc_v1_fn real = (get_proc_v1_fn)real_of(E_GET_PROC_V1, 0);
+    gg_arch_poll();
     if (!real)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(sym, pfn, ver, flags);

@@ -11,6 +11,7 @@
 
 #include "gpuguard.h"
 #include "advice.h"
+#include "arch.h"
 #include "guard.h"
 #include "journal.h"
 #include "options.h"
@@ -114,6 +115,7 @@ static bool start(void)
     bool open = gg_journal_open(journal_dir(), gg_opt.rank);
     write_start();
     gg_journal_release(open);
+    gg_arch_start(); /* the loaded modules' device code against the GPUs */
     atexit(at_exit);
     return true;
 }

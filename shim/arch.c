@@ -1,0 +1,568 @@
+/* arch.c - device code against the GPUs, in the process (see arch.h). */
+#include "arch.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fatbin.h"
+#include "guard.h"
+#include "init.h"
+#include "journal.h"
+#include "os.h"
+#include "resolve.h"
+
+#define MAX_MODULES 512
+#define MAX_SEGS 8
+#define PATH_CAP 1024
+#define SEEN_SLOTS 8192 /* power of two */
+#define MAX_CANDIDATES 128
+
+/* A loaded object as dl_iterate_phdr shows it. */
+struct object {
+    uintptr_t key;                         /* its lowest mapped address: unique while loaded */
+    uintptr_t lo, hi;                      /* its mapped range */
+    unsigned nseg;
+    struct gg_fatbin_range seg[MAX_SEGS];  /* readable PT_LOAD ranges */
+    char path[PATH_CAP];                   /* "" for the main program */
+};
+
+/* An object with device code, or with fat binaries registered through the
+ * shim. Appended, never moved or freed: readers need no lock. */
+struct module {
+    struct object obj;
+    _Atomic bool checked;            /* claimed by the one thread that checks it */
+    uintptr_t reg_first, reg_last;   /* the registered wrappers' range; 0 if none */
+    void *_Atomic real_register;     /* the runtime this object registers with */
+};
+
+static struct table {
+    gg_spin lock;                    /* appends and registration ranges */
+    _Atomic unsigned n;
+    struct module m[MAX_MODULES];
+} *_Atomic table;
+
+/* What a scan keeps between scans; touched only by the scanning thread. */
+static struct scan_state {
+    unsigned long long adds, subs;   /* the loader's counters this scan saw */
+    uintptr_t seen[SEEN_SLOTS];      /* objects looked at (their keys) */
+    unsigned nseen;
+    unsigned ncand;
+    bool full;                       /* more new objects than candidates: scan again */
+    struct object cand[MAX_CANDIDATES];
+} *_Atomic scan_st;
+
+static atomic_flag scanning = ATOMIC_FLAG_INIT;
+static _Atomic unsigned long long last_adds, last_subs;
+static _Atomic unsigned last_hit;    /* the module the last registration came from, + 1 */
+
+static void *alloc_once(void *_Atomic *slot, size_t size)
+{
+    void *p = atomic_load_explicit(slot, memory_order_acquire);
+    if (p)
+        return p;
+    void *fresh = gg_os_alloc(size), *expected = NULL;
+    if (!fresh)
+        return NULL;
+    if (!atomic_compare_exchange_strong(slot, &expected, fresh)) {
+        gg_os_free(fresh, size);
+        return expected;
+    }
+    return fresh;
+}
+
+static struct table *get_table(void)
+{
+    return alloc_once((void *_Atomic *)&table, sizeof(struct table));
+}
+
+/* A lock that gives up: a registration may come from a forked child whose
+ * parent held it, and bookkeeping is never worth a hang. */
+static bool try_lock(gg_spin *s)
+{
+    for (int i = 0; i < 100000; i++) {
+        if (!atomic_flag_test_and_set_explicit(&s->f, memory_order_acquire))
+            return true;
+        if (i > 64)
+            sched_yield();
+    }
+    return false;
+}
+
+/* ---- loaded objects ------------------------------------------------------ */
+
+static void object_from(const struct dl_phdr_info *info, struct object *o)
+{
+    o->lo = UINTPTR_MAX;
+    o->hi = 0;
+    o->nseg = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD || !ph->p_memsz)
+            continue;
+        uintptr_t a = info->dlpi_addr + ph->p_vaddr, b = a + ph->p_memsz;
+        if (a < o->lo)
+            o->lo = a;
+        if (b > o->hi)
+            o->hi = b;
+        if ((ph->p_flags & PF_R) && o->nseg < MAX_SEGS)
+            o->seg[o->nseg++] = (struct gg_fatbin_range){a, b};
+    }
+    o->key = o->lo;
+    const char *name = info->dlpi_name ? info->dlpi_name : "";
+    size_t n = strlen(name);
+    if (n >= sizeof o->path)
+        n = 0; /* too long to open by name: treated as unreadable */
+    memcpy(o->path, name, n);
+    o->path[n] = '\0';
+}
+
+struct find {
+    uintptr_t addr;
+    struct object *out;
+    bool found;
+};
+
+/* The callback only copies: dl_iterate_phdr holds the loader's lock. */
+static int find_cb(struct dl_phdr_info *info, size_t size, void *ctx)
+{
+    (void)size;
+    struct find *f = ctx;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t a = info->dlpi_addr + ph->p_vaddr;
+        if (ph->p_type == PT_LOAD && f->addr >= a && f->addr - a < ph->p_memsz) {
+            object_from(info, f->out);
+            f->found = true;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* ---- the module table ---------------------------------------------------- */
+
+static struct module *module_by_key(struct table *t, uintptr_t key)
+{
+    unsigned n = atomic_load_explicit(&t->n, memory_order_acquire);
+    for (unsigned i = 0; i < n; i++)
+        if (t->m[i].obj.key == key)
+            return &t->m[i];
+    return NULL;
+}
+
+/* The module of object o, added if new; NULL when the table is full or busy. */
+static struct module *module_get(struct table *t, const struct object *o, void *real_register)
+{
+    if (!try_lock(&t->lock))
+        return NULL;
+    struct module *m = module_by_key(t, o->key);
+    unsigned n = atomic_load_explicit(&t->n, memory_order_relaxed);
+    if (!m && n < MAX_MODULES) {
+        m = &t->m[n];
+        m->obj = *o;
+        m->real_register = real_register;
+        atomic_store_explicit(&t->n, n + 1, memory_order_release);
+    }
+    gg_spin_unlock(&t->lock);
+    return m;
+}
+
+/* ---- judging -------------------------------------------------------------- */
+
+/* The codes of one kind, oldest arch first, as a JSON array of names. */
+static void json_codes(struct gg_json *j, const char *key, const struct gg_fatbin *fb, int kind)
+{
+    bool done[GG_FATBIN_CODES] = {false};
+    gg_json_key(j, key);
+    gg_json_arr(j);
+    for (;;) {
+        int pick = -1;
+        for (unsigned i = 0; i < fb->ncode; i++)
+            if (!done[i] && fb->code[i].kind == kind &&
+                (pick < 0 || fb->code[i].arch < fb->code[pick].arch))
+                pick = (int)i;
+        if (pick < 0)
+            break;
+        done[pick] = true;
+        char name[32];
+        gg_fatbin_code_name(fb->code[pick], name, sizeof name);
+        gg_json_str(j, name);
+    }
+    gg_json_arr_end(j);
+}
+
+/* An `error` event only: a library's unreadable device code is not the
+ * user's input, and the host process's stderr is not the place for it. */
+static void journal_problem(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void journal_problem(const char *fmt, ...)
+{
+    char msg[PATH_CAP + 256], buf[PATH_CAP + 512];
+    struct gg_json j;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    gg_journal_begin(&j, buf, sizeof buf, "error");
+    gg_json_kstr(&j, "message", msg);
+    gg_journal_end(&j);
+}
+
+static bool is_torch(const char *path)
+{
+    return strstr(path, "/torch/lib/") != NULL;
+}
+
+/* What to do about a module with no code for sm_XY, one sentence. */
+static void fix_for(const char *path, int major, int minor, char *out, size_t cap)
+{
+    int cc = major * 10 + minor;
+    if (is_torch(path))
+        snprintf(out, cap, "%s", gg_fatbin_torch_fix(major, minor));
+    else
+        snprintf(out, cap,
+                 "rebuild it for this GPU (nvcc -gencode arch=compute_%d,code=sm_%d) or with PTX "
+                 "for compute_%d or older, which the driver compiles at load",
+                 cc, cc, cc);
+}
+
+/* One `arch` event per distinct compute capability among the process's
+ * GPUs; the stderr line when none of them runs the module. */
+static void report(const char *path, const struct gg_fatbin *fb, bool from_memory,
+                   uint64_t read_ns)
+{
+    char carries[512];
+    gg_fatbin_describe(fb, carries, sizeof carries);
+    bool done[GG_MAX_DEVICES] = {false}, any_ok = false;
+    int first_bad = -1, bad = 0;
+    for (int i = 0; i < gg_device_count; i++) {
+        const struct gg_device *d = &gg_devices[i];
+        if (done[i] || !d->present)
+            continue;
+        struct gg_fatbin_verdict v;
+        gg_fatbin_judge(fb, d->cc_major, d->cc_minor, &v);
+        char cc[16], used[32], msg[768];
+        snprintf(cc, sizeof cc, "%d.%d", d->cc_major, d->cc_minor);
+        gg_fatbin_code_name(v.used, used, sizeof used);
+        int arch = d->cc_major * 10 + d->cc_minor;
+        if (!v.ok)
+            snprintf(msg, sizeof msg, "no kernel image for sm_%d: the module carries %s", arch,
+                     carries);
+        else if (v.used.kind == GG_FATBIN_PTX)
+            snprintf(msg, sizeof msg, "runs only by JIT compilation of PTX %s (no SASS for sm_%d)",
+                     used, arch);
+        else
+            snprintf(msg, sizeof msg, "runs SASS %s", used);
+        char buf[4096];
+        struct gg_json j;
+        gg_journal_begin(&j, buf, sizeof buf, "arch");
+        gg_json_ki64(&j, "dev", i);
+        gg_json_kstr(&j, "cc", cc);
+        gg_json_kstr(&j, "module", path);
+        json_codes(&j, "sass", fb, GG_FATBIN_SASS);
+        json_codes(&j, "ptx", fb, GG_FATBIN_PTX);
+        gg_json_kbool(&j, "ok", v.ok);
+        gg_json_kstr(&j, "message", msg);
+        gg_json_key(&j, "devs"); /* every GPU of this compute capability */
+        gg_json_arr(&j);
+        for (int k = i; k < gg_device_count; k++)
+            if (gg_devices[k].present && gg_devices[k].cc_major == d->cc_major &&
+                gg_devices[k].cc_minor == d->cc_minor) {
+                done[k] = true;
+                gg_json_i64(&j, k);
+                if (!v.ok)
+                    bad++;
+            }
+        gg_json_arr_end(&j);
+        gg_json_kstr(&j, "source", from_memory ? "registered" : "file");
+        gg_json_ku64(&j, "fatbins", fb->fatbins);
+        gg_json_ku64(&j, "read_bytes", fb->bytes_read);
+        gg_json_ku64(&j, "read_us", read_ns / 1000);
+        gg_journal_end(&j);
+        if (v.ok)
+            any_ok = true;
+        else if (first_bad < 0)
+            first_bad = i;
+    }
+    if (any_ok || first_bad < 0)
+        return;
+    const struct gg_device *d = &gg_devices[first_bad];
+    char fix[512], more[64] = "";
+    fix_for(path, d->cc_major, d->cc_minor, fix, sizeof fix);
+    if (bad > 1)
+        snprintf(more, sizeof more, " (nor for the other %d GPUs)", bad - 1);
+    gg_say("%s has no kernel image for GPU%d %s (compute capability %d.%d)%s: it carries %s, so "
+           "its kernels fail with \"no kernel image is available for execution on the device\". "
+           "Fix: %s",
+           path, first_bad, d->name, d->cc_major, d->cc_minor, more, carries, fix);
+}
+
+/* The module's file, or /proc/self/exe for the main program, and the name
+ * to show for it. */
+static const char *file_of(const struct object *o, char *shown, size_t cap)
+{
+    if (o->path[0]) {
+        snprintf(shown, cap, "%s", o->path);
+        return o->path;
+    }
+    ssize_t n = readlink("/proc/self/exe", shown, cap - 1);
+    shown[n > 0 ? n : 0] = '\0';
+    return "/proc/self/exe";
+}
+
+/* Read an object's device code: its file, else (a module whose file cannot
+ * be read or lacks what was registered) the registered fat binaries in
+ * memory. False when there is nothing to judge. */
+static bool read_code(const struct object *o, uintptr_t reg_first, uintptr_t reg_last,
+                      struct gg_fatbin *fb, bool *from_memory, uint64_t *ns)
+{
+    char shown[PATH_CAP];
+    const char *file = file_of(o, shown, sizeof shown);
+    uint64_t t0 = gg_now_ns();
+    gg_fatbin_init(fb);
+    int r = gg_fatbin_read_file(fb, file);
+    *from_memory = false;
+    if (r != GG_FATBIN_OK && reg_first) {
+        gg_fatbin_init(fb);
+        r = gg_fatbin_parse_wrappers(fb, (const void *)reg_first, (const void *)reg_last, o->seg,
+                                     o->nseg);
+        *from_memory = true;
+    }
+    *ns = gg_now_ns() - t0;
+    if (r == GG_FATBIN_NONE || r == GG_FATBIN_UNREGISTERED || r == GG_FATBIN_EOPEN ||
+        r == GG_FATBIN_ENOTELF)
+        return false; /* no device code, or none the runtime registers */
+    if (r != GG_FATBIN_OK) {
+        if (atomic_load(&gg_state) == GG_STATE_ACTIVE)
+            journal_problem("%s: cannot read its device code: %s (at offset %llu); not checked",
+                            shown, gg_fatbin_strerror(r), (unsigned long long)fb->err_off);
+        return false;
+    }
+    return fb->ncode > 0;
+}
+
+static void judge_module(struct module *m)
+{
+    struct table *t = atomic_load(&table);
+    if (atomic_exchange(&m->checked, true))
+        return;
+    uintptr_t first = 0, last = 0;
+    if (try_lock(&t->lock)) {
+        first = m->reg_first;
+        last = m->reg_last;
+        gg_spin_unlock(&t->lock);
+    }
+    struct gg_fatbin fb;
+    bool from_memory;
+    uint64_t ns;
+    char shown[PATH_CAP];
+    file_of(&m->obj, shown, sizeof shown);
+    if (read_code(&m->obj, first, last, &fb, &from_memory, &ns))
+        report(shown, &fb, from_memory, ns);
+}
+
+/* ---- scans ----------------------------------------------------------------- */
+
+static bool seen_insert(struct scan_state *st, uintptr_t key)
+{
+    if (st->nseen >= SEEN_SLOTS / 4 * 3)
+        return true; /* full: looked at again next time, never lost */
+    for (size_t i = (key >> 12) * 0x9E3779B97F4A7C15ull % SEEN_SLOTS;; i = (i + 1) % SEEN_SLOTS) {
+        if (st->seen[i] == key)
+            return false;
+        if (!st->seen[i]) {
+            st->seen[i] = key;
+            st->nseen++;
+            return true;
+        }
+    }
+}
+
+static bool has_counters(size_t size)
+{
+    return size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(unsigned long long);
+}
+
+static int collect_cb(struct dl_phdr_info *info, size_t size, void *ctx)
+{
+    struct scan_state *st = ctx;
+    if (has_counters(size)) {
+        st->adds = info->dlpi_adds;
+        st->subs = info->dlpi_subs;
+    }
+    if (st->ncand == MAX_CANDIDATES) {
+        st->full = true;
+        return 0;
+    }
+    struct object *o = &st->cand[st->ncand];
+    object_from(info, o);
+    if (o->lo < o->hi && seen_insert(st, o->key))
+        st->ncand++;
+    return 0;
+}
+
+static int counters_cb(struct dl_phdr_info *info, size_t size, void *ctx)
+{
+    unsigned long long *c = ctx;
+    if (has_counters(size)) {
+        c[0] = info->dlpi_adds;
+        c[1] = info->dlpi_subs;
+    }
+    return 1;
+}
+
+static void scan(void)
+{
+    struct scan_state *st = atomic_load(&scan_st);
+    struct table *t = get_table();
+    if (!st || !t || atomic_flag_test_and_set(&scanning))
+        return;
+    unsigned long long before_subs = st->subs;
+    st->ncand = 0;
+    st->full = false;
+    dl_iterate_phdr(collect_cb, st);
+    if (st->subs != before_subs) {
+        /* Objects were unloaded: an address may now be another object's.
+         * Look at everything again; modules already reported stay so. */
+        memset(st->seen, 0, sizeof st->seen);
+        st->nseen = 0;
+        st->ncand = 0;
+        st->full = false;
+        dl_iterate_phdr(collect_cb, st);
+    }
+    for (unsigned i = 0; i < st->ncand; i++) {
+        const struct object *o = &st->cand[i];
+        struct module *m = module_by_key(t, o->key);
+        if (m) { /* it registered fat binaries */
+            judge_module(m);
+            continue;
+        }
+        struct gg_fatbin fb;
+        bool from_memory;
+        uint64_t ns;
+        if (!read_code(o, 0, 0, &fb, &from_memory, &ns))
+            continue;
+        m = module_get(t, o, NULL);
+        if (m && atomic_exchange(&m->checked, true))
+            continue; /* its registration got there first */
+        char shown[PATH_CAP];
+        file_of(o, shown, sizeof shown);
+        report(shown, &fb, false, ns);
+    }
+    if (!st->full) {
+        atomic_store(&last_adds, st->adds);
+        atomic_store(&last_subs, st->subs);
+    }
+    atomic_flag_clear(&scanning);
+}
+
+void gg_arch_start(void)
+{
+    if (alloc_once((void *_Atomic *)&scan_st, sizeof(struct scan_state)))
+        scan();
+}
+
+void gg_arch_poll(void)
+{
+    if (!gg_active() || !atomic_load_explicit(&scan_st, memory_order_relaxed))
+        return;
+    unsigned long long c[2] = {0, 0};
+    dl_iterate_phdr(counters_cb, c);
+    if (c[0] != atomic_load(&last_adds) || c[1] != atomic_load(&last_subs))
+        scan();
+}
+
+/* ---- __cudaRegisterFatBinary ------------------------------------------------ */
+
+typedef void **(*register_fn)(void *);
+static void *_Atomic any_register; /* the first runtime found, for callers with no module */
+
+/* The runtime `caller`'s object binds to: its own dependencies first (a
+ * process may hold libcudart.so.12 and .so.13, and a fat binary registered
+ * with the wrong one never launches), else the one the shim finds. */
+static register_fn runtime_register(const void *caller)
+{
+    Dl_info di;
+    void *fn = NULL;
+    if (dladdr(caller, &di) && di.dli_fname && di.dli_fname[0]) {
+        void *h = dlopen(di.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+        if (h) {
+            fn = gg_real_dlsym(h, "__cudaRegisterFatBinary");
+            dlclose(h);
+        }
+        if (fn && gg_resolve_in_self(fn))
+            fn = NULL; /* the main program's scope starts with the preloaded shim */
+    }
+    if (!fn)
+        fn = gg_resolve_runtime(&any_register, "__cudaRegisterFatBinary");
+    return (register_fn)fn;
+}
+
+/* The module a registration comes from (added if new), its range noted. */
+static struct module *registered(const void *wrapper, const void *caller)
+{
+    struct table *t = get_table();
+    uintptr_t w = (uintptr_t)wrapper;
+    if (!t)
+        return NULL;
+    struct module *m = NULL;
+    unsigned hit = atomic_load_explicit(&last_hit, memory_order_relaxed);
+    unsigned n = atomic_load_explicit(&t->n, memory_order_acquire);
+    if (hit && hit <= n && w >= t->m[hit - 1].obj.lo && w < t->m[hit - 1].obj.hi)
+        m = &t->m[hit - 1];
+    for (unsigned i = 0; !m && i < n; i++)
+        if (w >= t->m[i].obj.lo && w < t->m[i].obj.hi)
+            m = &t->m[i];
+    if (!m) {
+        struct object o;
+        struct find f = {.addr = w, .out = &o};
+        dl_iterate_phdr(find_cb, &f);
+        if (!f.found)
+            return NULL; /* not in a loaded object: nothing to tie it to */
+        m = module_get(t, &o, (void *)runtime_register(caller));
+        if (!m)
+            return NULL;
+    }
+    atomic_store_explicit(&last_hit, (unsigned)(m - t->m) + 1, memory_order_relaxed);
+    if (try_lock(&t->lock)) {
+        if (!m->reg_first || w < m->reg_first)
+            m->reg_first = w;
+        if (w > m->reg_last)
+            m->reg_last = w;
+        gg_spin_unlock(&t->lock);
+    }
+    return m;
+}
+
+/* nvcc's host code calls this from each library's constructor, once per
+ * fat binary. Forwarded unchanged; the library is checked here when it is
+ * loaded after the guard started, else at the start. */
+GG_EXPORT void **__cudaRegisterFatBinary(void *fatCubin);
+GG_EXPORT void **__cudaRegisterFatBinary(void *fatCubin)
+{
+    const void *caller = __builtin_return_address(0);
+    struct module *m = NULL;
+    if (atomic_load(&gg_state) != GG_STATE_PASSTHROUGH)
+        m = registered(fatCubin, caller);
+    register_fn real = m ? (register_fn)atomic_load(&m->real_register) : NULL;
+    if (!real) {
+        real = runtime_register(caller);
+        if (m && real)
+            atomic_store(&m->real_register, (void *)real);
+    }
+    if (gg_unlikely(!real)) {
+        static _Atomic bool said;
+        if (!atomic_exchange(&said, true))
+            gg_say("cannot find the CUDA runtime's __cudaRegisterFatBinary; a library's kernels "
+                   "are not registered");
+        return NULL;
+    }
+    void **handle = real(fatCubin);
+    if (m && gg_active())
+        judge_module(m);
+    return handle;
+}
