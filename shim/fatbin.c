@@ -203,6 +203,10 @@ static int parse_region(struct src *s)
             off += n;
             continue;
         }
+        if (n >= 4 && le32(word) != GG_FATBIN_MAGIC) {
+            fail(s->fb, GG_FATBIN_EMAGIC, off);
+            break;
+        }
         if (parse_fatbin(s, off, &off) != GG_FATBIN_OK)
             break;
     }
