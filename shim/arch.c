@@ -57,6 +57,7 @@ static struct scan_state {
 } *_Atomic scan_st;
 
 static atomic_flag scanning = ATOMIC_FLAG_INIT;
+static _Atomic bool table_stuck;     /* the table's lock was never free: left alone */
 static _Atomic unsigned long long last_adds, last_subs;
 static _Atomic unsigned last_hit;    /* the module the last registration came from, + 1 */
 
@@ -77,19 +78,23 @@ static void *alloc_once(void *_Atomic *slot, size_t size)
 
 static struct table *get_table(void)
 {
+    if (atomic_load_explicit(&table_stuck, memory_order_relaxed))
+        return NULL;
     return alloc_once((void *_Atomic *)&table, sizeof(struct table));
 }
 
 /* A lock that gives up: a registration may come from a forked child whose
- * parent held it, and bookkeeping is never worth a hang. */
+ * parent held it, and bookkeeping is never worth a hang. Once it gave up,
+ * the table is left alone for good (registrations are still forwarded). */
 static bool try_lock(gg_spin *s)
 {
-    for (int i = 0; i < 100000; i++) {
+    for (int i = 0; i < 2000 && !atomic_load_explicit(&table_stuck, memory_order_relaxed); i++) {
         if (!atomic_flag_test_and_set_explicit(&s->f, memory_order_acquire))
             return true;
         if (i > 64)
             sched_yield();
     }
+    atomic_store(&table_stuck, true);
     return false;
 }
 

@@ -23,6 +23,7 @@
 #define FLAG_FAMILY 0x200000u
 #define WRAPPER_SIZE (8 + 2 * sizeof(void *))
 #define WINDOW 4096
+#define HEADER_FILL 256 /* one pread per header: they lie a payload apart */
 
 static uint16_t le16(const uint8_t *p)
 {
@@ -51,6 +52,7 @@ struct src {
     uint64_t lo, hi;
     const uint64_t *stubs; /* offsets of fat binaries to skip (device-link stubs) */
     unsigned nstubs;
+    size_t fill;           /* bytes a pread asks for: WINDOW for ELF headers */
     uint64_t win_off;
     size_t win_len;
     uint8_t win[WINDOW];
@@ -73,13 +75,18 @@ static bool src_read(struct src *s, uint64_t off, void *out, size_t len)
         fail(s->fb, GG_FATBIN_ETRUNC, off);
         return false;
     }
+    if (len > WINDOW) { /* callers read headers, never more */
+        fail(s->fb, GG_FATBIN_EHEADER, off);
+        return false;
+    }
     if (s->mem) {
         memcpy(out, s->mem + off, len);
         s->fb->bytes_read += len;
         return true;
     }
     if (off < s->win_off || off - s->win_off > s->win_len || len > s->win_len - (off - s->win_off)) {
-        uint64_t want = s->hi - off < WINDOW ? s->hi - off : WINDOW;
+        uint64_t fill = s->fill > len ? s->fill : len;
+        uint64_t want = s->hi - off < fill ? s->hi - off : fill;
         ssize_t n;
         do
             n = pread(s->fd, s->win, (size_t)want, (off_t)off);
@@ -366,7 +373,7 @@ int gg_fatbin_read_fd(struct gg_fatbin *fb, int fd)
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
         return fail(fb, GG_FATBIN_EOPEN, 0);
-    struct src s = {.fb = fb, .fd = fd, .lo = 0, .hi = (uint64_t)st.st_size};
+    struct src s = {.fb = fb, .fd = fd, .lo = 0, .hi = (uint64_t)st.st_size, .fill = WINDOW};
     uint8_t e[EHDR_SIZE];
     if (s.hi < EHDR_SIZE)
         return fail(fb, GG_FATBIN_ENOTELF, 0);
@@ -440,6 +447,7 @@ int gg_fatbin_read_fd(struct gg_fatbin *fb, int fd)
         return fb->err;
     }
     s.stubs = stubs;
+    s.fill = HEADER_FILL;
     s.lo = fatbin.offset; /* the same reader (and window), bounded by the section */
     s.hi = fatbin.offset + fatbin.size;
     return parse_region(&s);
