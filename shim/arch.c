@@ -49,6 +49,7 @@ static struct table {
 /* What a scan keeps between scans; touched only by the scanning thread. */
 static struct scan_state {
     unsigned long long adds, subs;   /* the loader's counters this scan saw */
+    bool primed;                     /* a scan ran before */
     uintptr_t seen[SEEN_SLOTS];      /* objects looked at (their keys) */
     unsigned nseen;
     unsigned ncand;
@@ -298,7 +299,9 @@ static void report(const char *path, const struct gg_fatbin *fb, bool from_memor
     const struct gg_device *d = &gg_devices[first_bad];
     char fix[512], more[64] = "";
     fix_for(path, d->cc_major, d->cc_minor, fix, sizeof fix);
-    if (bad > 1)
+    if (bad == 2)
+        snprintf(more, sizeof more, " (nor for the other GPU)");
+    else if (bad > 2)
         snprintf(more, sizeof more, " (nor for the other %d GPUs)", bad - 1);
     gg_say("%s has no kernel image for GPU%d %s (compute capability %d.%d)%s: it carries %s, so "
            "its kernels fail with \"no kernel image is available for execution on the device\". "
@@ -420,6 +423,27 @@ static int counters_cb(struct dl_phdr_info *info, size_t size, void *ctx)
     return 1;
 }
 
+static void check_candidate(struct table *t, const struct object *o)
+{
+    struct module *m = module_by_key(t, o->key);
+    if (m) { /* it registered fat binaries */
+        judge_module(m);
+        return;
+    }
+    struct gg_fatbin fb;
+    bool from_memory;
+    uint64_t ns;
+    if (!read_code(o, 0, 0, &fb, &from_memory, &ns))
+        return;
+    m = module_get(t, o, NULL);
+    if (m && atomic_exchange(&m->checked, true))
+        return; /* its registration got there first */
+    char shown[PATH_CAP];
+    file_of(o, shown, sizeof shown);
+    report(shown, &fb, false, ns);
+}
+
+/* Check the objects not looked at yet, MAX_CANDIDATES at a time. */
 static void scan(void)
 {
     struct scan_state *st = atomic_load(&scan_st);
@@ -427,36 +451,25 @@ static void scan(void)
     if (!st || !t || atomic_flag_test_and_set(&scanning))
         return;
     unsigned long long before_subs = st->subs;
-    st->ncand = 0;
-    st->full = false;
-    dl_iterate_phdr(collect_cb, st);
-    if (st->subs != before_subs) {
-        /* Objects were unloaded: an address may now be another object's.
-         * Look at everything again; modules already reported stay so. */
-        memset(st->seen, 0, sizeof st->seen);
-        st->nseen = 0;
+    for (int pass = 0; pass < 64; pass++) {
         st->ncand = 0;
         st->full = false;
         dl_iterate_phdr(collect_cb, st);
-    }
-    for (unsigned i = 0; i < st->ncand; i++) {
-        const struct object *o = &st->cand[i];
-        struct module *m = module_by_key(t, o->key);
-        if (m) { /* it registered fat binaries */
-            judge_module(m);
-            continue;
+        if (st->primed && st->subs != before_subs) {
+            /* Objects were unloaded: an address may now be another object's.
+             * Look at everything again; modules already reported stay so. */
+            memset(st->seen, 0, sizeof st->seen);
+            st->nseen = 0;
+            st->ncand = 0;
+            st->full = false;
+            before_subs = st->subs;
+            dl_iterate_phdr(collect_cb, st);
         }
-        struct gg_fatbin fb;
-        bool from_memory;
-        uint64_t ns;
-        if (!read_code(o, 0, 0, &fb, &from_memory, &ns))
-            continue;
-        m = module_get(t, o, NULL);
-        if (m && atomic_exchange(&m->checked, true))
-            continue; /* its registration got there first */
-        char shown[PATH_CAP];
-        file_of(o, shown, sizeof shown);
-        report(shown, &fb, false, ns);
+        st->primed = true;
+        for (unsigned i = 0; i < st->ncand; i++)
+            check_candidate(t, &st->cand[i]);
+        if (!st->full)
+            break;
     }
     if (!st->full) {
         atomic_store(&last_adds, st->adds);

@@ -591,14 +591,14 @@ const char *gg_fatbin_torch_fix(int major, int minor)
 {
     int cc = major * 10 + minor;
     if (major == 10 || major == 12)
-        return "PyTorch 2.7 or newer built with CUDA 12.8 or newer carries it (e.g. pip install "
+        return "install PyTorch 2.7 or newer built with CUDA 12.8 or newer (e.g. pip install "
                "torch --index-url https://download.pytorch.org/whl/cu128)";
     if (cc >= 75 && cc <= 90)
-        return "the official PyTorch CUDA wheels carry it (2.6 and later: SASS for sm_75, sm_80, "
-               "sm_86 and sm_90, which 8.9 runs too)";
+        return "install an official PyTorch CUDA wheel (2.6 and later carry SASS for sm_75, "
+               "sm_80, sm_86 and sm_90; 8.9 runs the sm_86 code)";
     if (cc >= 50 && cc < 75)
-        return "the PyTorch wheels built with CUDA 12.6 carry it (pip install torch --index-url "
-               "https://download.pytorch.org/whl/cu126)";
-    return "a PyTorch build whose TORCH_CUDA_ARCH_LIST names this GPU's compute capability "
-           "carries it";
+        return "install a PyTorch wheel built with CUDA 12.6 (pip install torch --index-url "
+               "https://download.pytorch.org/whl/cu126), which still carries sm_50 to sm_90";
+    return "install a PyTorch build whose TORCH_CUDA_ARCH_LIST names this GPU's compute "
+           "capability";
 }

@@ -151,8 +151,8 @@ void gg_fatbin_code_name(struct gg_fatbin_code c, char *out, size_t cap);
  * no SASS" or "no device code" into out. */
 void gg_fatbin_describe(const struct gg_fatbin *fb, char *out, size_t cap);
 
-/* The PyTorch builds that carry code for a GPU (from the seeds and the
- * PyTorch wheels' published arch lists): one sentence, no final period. */
+/* Which PyTorch to install for a GPU (the seeds' table, and the arch lists
+ * the PyTorch wheels are built with): an imperative clause, no period. */
 const char *gg_fatbin_torch_fix(int major, int minor);
 
 #endif /* GG_FATBIN_H */

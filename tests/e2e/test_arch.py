@@ -247,7 +247,21 @@ class Shim(ArchCase):
         lines = [l for l in self.shim_lines(run) if "no kernel image" in l]
         self.assertEqual(len(lines), 1)
         self.assertIn("GPU0 NVIDIA GeForce RTX 5090", lines[0])
-        self.assertIn("nor for the other 1 GPUs", lines[0])
+        self.assertIn("(nor for the other GPU)", lines[0])
+
+    def test_many_objects_loaded_before_the_start(self):
+        # more objects than one scan pass takes (a Python process has hundreds)
+        plain = os.path.join(BUILD, "fake", "libnccllike.so")
+        copies = []
+        for i in range(300):
+            copies.append(os.path.join(self.tmp, f"libplain{i}.so"))
+            shutil.copy(plain, copies[-1])
+        lib = os.path.join(ARCH, "libarch_sm120.so")
+        run = self.arch(*[f"load:{c}" for c in copies], f"load:{lib}", "alloc",
+                        devices=GPUS[(12, 0)])
+        self.assertEqual(run.rc, 0, run.err)
+        self.assertEqual(list(self.arch_events(run)), [lib])
+        self.assertTrue(run.one("arch")["ok"])
 
     def test_file_gone_judged_from_the_registered_fat_binaries(self):
         copy = os.path.join(self.tmp, "libgone.so")
@@ -273,7 +287,7 @@ class Shim(ArchCase):
         shutil.copy(os.path.join(ARCH, "libarch_multi.so"), lib)
         run = self.arch(f"load:{lib}", "alloc", devices=GPUS[(12, 0)])
         line = [l for l in self.shim_lines(run) if "no kernel image" in l][0]
-        self.assertIn("Fix: PyTorch 2.7 or newer built with CUDA 12.8 or newer", line)
+        self.assertIn("Fix: install PyTorch 2.7 or newer built with CUDA 12.8 or newer", line)
 
 
 class InstalledTorch(ArchCase):
@@ -319,7 +333,8 @@ class InstalledTorch(ArchCase):
                     self.assertIn(f"cannot: no kernel image for sm_{cc[0]}{cc[1]} in", text)
                     self.assertIn("no kernel image is available for execution on the device", text)
                 if cc == (12, 0):
-                    self.assertIn("PyTorch 2.7 or newer built with CUDA 12.8 or newer", text)
+                    self.assertIn("for it, install PyTorch 2.7 or newer built with CUDA 12.8 or "
+                                  "newer", text)
                     self.assertIn("libc10_cuda.so, libtorch_cuda.so, so", text)
                 if cc == (8, 0):  # only libtorch_cuda.so lacks sm_80
                     self.assertIn("sm_80 in libtorch_cuda.so, so", text)

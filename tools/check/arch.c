@@ -330,7 +330,7 @@ static bool torch_paragraph(const struct torch *t, const struct gpu *g, int n)
         say(&p, " (CUDA %s)", t->cuda);
     say(&p, " at %s", t->dir);
     if (!t->nlibs) {
-        say(&p, ": %s, so it cannot use the GPU%s. A CUDA build of PyTorch is needed: %s.",
+        say(&p, ": %s, so it cannot use the GPU%s: %s.",
             t->cuda[0] ? "no library of torch/lib carries device code"
                        : "a CPU-only build (no CUDA libraries)",
             n > 1 ? "s" : "", gg_fatbin_torch_fix(g[0].major, g[0].minor));
@@ -377,7 +377,7 @@ static bool torch_paragraph(const struct torch *t, const struct gpu *g, int n)
                 say(&p, "%s%s", said++ ? ", " : "", base(t->libs[i]));
         }
         say(&p, ", so the first CUDA kernel fails with \"no kernel image is available for "
-                "execution on the device\"; %s.",
+                "execution on the device\"; for it, %s.",
             gg_fatbin_torch_fix(g[k].major, g[k].minor));
     }
     print_para(&p);
