@@ -322,9 +322,15 @@ static const char *file_of(const struct object *o, char *shown, size_t cap)
     return "/proc/self/exe";
 }
 
+static bool is_absent(int r)
+{
+    return r == GG_FATBIN_NONE || r == GG_FATBIN_UNREGISTERED || r == GG_FATBIN_EOPEN ||
+           r == GG_FATBIN_ENOTELF;
+}
+
 /* Read an object's device code: its file, else (a module whose file cannot
- * be read or lacks what was registered) the registered fat binaries in
- * memory. False when there is nothing to judge. */
+ * be read, or does not hold what it registered) the registered fat binaries
+ * in memory. False when there is nothing to judge; a problem is journaled. */
 static bool read_code(const struct object *o, uintptr_t reg_first, uintptr_t reg_last,
                       struct gg_fatbin *fb, bool *from_memory, uint64_t *ns)
 {
@@ -333,24 +339,29 @@ static bool read_code(const struct object *o, uintptr_t reg_first, uintptr_t reg
     uint64_t t0 = gg_now_ns();
     gg_fatbin_init(fb);
     int r = gg_fatbin_read_file(fb, file);
+    uint64_t file_off = fb->err_off;
     *from_memory = false;
     if (r != GG_FATBIN_OK && reg_first) {
+        int file_r = r;
         gg_fatbin_init(fb);
         r = gg_fatbin_parse_wrappers(fb, (const void *)reg_first, (const void *)reg_last, o->seg,
                                      o->nseg);
         *from_memory = true;
+        if (!is_absent(file_r))
+            journal_problem("%s: cannot read its device code: %s (at offset %llu); %s", shown,
+                            gg_fatbin_strerror(file_r), (unsigned long long)file_off,
+                            r == GG_FATBIN_OK ? "judged from the fat binaries it registered"
+                                              : "nor from the fat binaries it registered; not "
+                                                "checked");
+        else if (r != GG_FATBIN_OK)
+            journal_problem("%s: cannot read the fat binaries it registered: %s; not checked",
+                            shown, gg_fatbin_strerror(r));
+    } else if (r != GG_FATBIN_OK && !is_absent(r)) {
+        journal_problem("%s: cannot read its device code: %s (at offset %llu); not checked", shown,
+                        gg_fatbin_strerror(r), (unsigned long long)file_off);
     }
     *ns = gg_now_ns() - t0;
-    if (r == GG_FATBIN_NONE || r == GG_FATBIN_UNREGISTERED || r == GG_FATBIN_EOPEN ||
-        r == GG_FATBIN_ENOTELF)
-        return false; /* no device code, or none the runtime registers */
-    if (r != GG_FATBIN_OK) {
-        if (atomic_load(&gg_state) == GG_STATE_ACTIVE)
-            journal_problem("%s: cannot read its device code: %s (at offset %llu); not checked",
-                            shown, gg_fatbin_strerror(r), (unsigned long long)fb->err_off);
-        return false;
-    }
-    return fb->ncode > 0;
+    return r == GG_FATBIN_OK && fb->ncode > 0;
 }
 
 static void judge_module(struct module *m)

@@ -272,6 +272,42 @@ class Shim(ArchCase):
         self.assertEqual(ev["sass"], ["sm_75", "sm_86", "sm_90"])
         self.assertFalse(ev["ok"])
 
+    def corrupt_copy(self, name, every):
+        corrupt = os.path.join(self.tmp, ("all_" if every else "first_") + name)
+        with open(os.path.join(ARCH, name), "rb") as f:
+            data = f.read()
+        magic = b"\x50\xed\x55\xba"  # a fat binary's
+        if every:
+            data = data.replace(magic, b"XXXX")
+        else:
+            data = data.replace(magic, b"XXXX", 1)
+        with open(corrupt, "wb") as f:
+            f.write(data)
+        return corrupt
+
+    def test_corrupt_device_code_is_journaled_not_judged(self):
+        for name in ("libarch_sass80.so", "libarch_sass80_shared.so"):
+            with self.subTest(lib=name):
+                corrupt = self.corrupt_copy(name, every=True)
+                run = self.arch(f"load:{corrupt}", "alloc", devices=GPUS[(12, 0)])
+                self.assertEqual(run.rc, 0, run.err)
+                self.assertEqual(run.of("arch"), [])
+                errors = [e["message"] for e in run.of("error")]
+                self.assertEqual(len(errors), 1, errors)
+                self.assertRegex(errors[0], re.escape(corrupt) + r": cannot read its device code: "
+                                 r"corrupt device code: no fat-binary magic .*not checked$")
+                self.assertEqual([l for l in self.shim_lines(run) if corrupt in l], [])
+                self.sanitizer_clean(run)
+
+    def test_corrupt_file_judged_from_what_registered(self):
+        # the first fat binary is nvcc's device-link stub, which this library
+        # never registers: its code, registered, is still readable
+        corrupt = self.corrupt_copy("libarch_sass80_shared.so", every=False)
+        run = self.arch(f"load:{corrupt}", "alloc", devices=GPUS[(8, 6)])
+        ev = run.one("arch")
+        self.assertEqual((ev["source"], ev["sass"], ev["ok"]), ("registered", ["sm_80"], True))
+        self.assertIn("judged from the fat binaries it registered", run.one("error")["message"])
+
     def test_mode_off_is_invisible(self):
         lib = os.path.join(ARCH, "libarch_sass80_shared.so")
         run = self.run_prog([PROG, f"load:{lib}", "modules", "alloc"],
