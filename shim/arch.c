@@ -37,6 +37,7 @@ struct module {
     struct object obj;
     _Atomic bool checked;            /* claimed by the one thread that checks it */
     uintptr_t reg_first, reg_last;   /* the registered wrappers' range; 0 if none */
+    _Atomic unsigned long long subs; /* the loader's unload count when last confirmed */
     void *_Atomic real_register;     /* the runtime this object registers with */
 };
 
@@ -152,27 +153,34 @@ static int find_cb(struct dl_phdr_info *info, size_t size, void *ctx)
 
 /* ---- the module table ---------------------------------------------------- */
 
-static struct module *module_by_key(struct table *t, uintptr_t key)
+/* The module recorded for object o: same address and file (a library
+ * unloaded and another loaded in its place is another module). */
+static struct module *module_of(struct table *t, const struct object *o)
 {
     unsigned n = atomic_load_explicit(&t->n, memory_order_acquire);
     for (unsigned i = 0; i < n; i++)
-        if (t->m[i].obj.key == key)
+        if (t->m[i].obj.key == o->key && !strcmp(t->m[i].obj.path, o->path))
             return &t->m[i];
     return NULL;
 }
 
-/* The module of object o, added if new; NULL when the table is full or busy. */
-static struct module *module_get(struct table *t, const struct object *o, void *real_register)
+/* The module of object o, added if new (`subs`: the loader's unload count
+ * now); NULL when the table is full or busy. */
+static struct module *module_get(struct table *t, const struct object *o, void *real_register,
+                                 unsigned long long subs)
 {
     if (!try_lock(&t->lock))
         return NULL;
-    struct module *m = module_by_key(t, o->key);
+    struct module *m = module_of(t, o);
     unsigned n = atomic_load_explicit(&t->n, memory_order_relaxed);
     if (!m && n < MAX_MODULES) {
         m = &t->m[n];
         m->obj = *o;
         m->real_register = real_register;
+        m->subs = subs;
         atomic_store_explicit(&t->n, n + 1, memory_order_release);
+    } else if (m) {
+        m->subs = subs; /* still the same library */
     }
     gg_spin_unlock(&t->lock);
     return m;
@@ -434,9 +442,9 @@ static int counters_cb(struct dl_phdr_info *info, size_t size, void *ctx)
     return 1;
 }
 
-static void check_candidate(struct table *t, const struct object *o)
+static void check_candidate(struct table *t, const struct object *o, unsigned long long subs)
 {
-    struct module *m = module_by_key(t, o->key);
+    struct module *m = module_of(t, o);
     if (m) { /* it registered fat binaries */
         judge_module(m);
         return;
@@ -446,7 +454,7 @@ static void check_candidate(struct table *t, const struct object *o)
     uint64_t ns;
     if (!read_code(o, 0, 0, &fb, &from_memory, &ns))
         return;
-    m = module_get(t, o, NULL);
+    m = module_get(t, o, NULL, subs);
     if (m && atomic_exchange(&m->checked, true))
         return; /* its registration got there first */
     char shown[PATH_CAP];
@@ -478,7 +486,7 @@ static void scan(void)
         }
         st->primed = true;
         for (unsigned i = 0; i < st->ncand; i++)
-            check_candidate(t, &st->cand[i]);
+            check_candidate(t, &st->cand[i], st->subs);
         if (!st->full)
             break;
     }
@@ -531,13 +539,19 @@ static register_fn runtime_register(const void *caller)
     return (register_fn)fn;
 }
 
-/* The module a registration comes from (added if new), its range noted. */
+/* The module a registration comes from (added if new), its range noted.
+ * Registrations come by the thousand from one library's constructors: the
+ * last module matched is tried first, and the loader is asked only for a
+ * new library, or when libraries were unloaded since (an address range may
+ * now be another library's). */
 static struct module *registered(const void *wrapper, const void *caller)
 {
     struct table *t = get_table();
     uintptr_t w = (uintptr_t)wrapper;
     if (!t)
         return NULL;
+    unsigned long long counters[2] = {0, 0};
+    dl_iterate_phdr(counters_cb, counters);
     struct module *m = NULL;
     unsigned hit = atomic_load_explicit(&last_hit, memory_order_relaxed);
     unsigned n = atomic_load_explicit(&t->n, memory_order_acquire);
@@ -546,13 +560,13 @@ static struct module *registered(const void *wrapper, const void *caller)
     for (unsigned i = 0; !m && i < n; i++)
         if (w >= t->m[i].obj.lo && w < t->m[i].obj.hi)
             m = &t->m[i];
-    if (!m) {
+    if (!m || m->subs != counters[1]) {
         struct object o;
         struct find f = {.addr = w, .out = &o};
         dl_iterate_phdr(find_cb, &f);
         if (!f.found)
             return NULL; /* not in a loaded object: nothing to tie it to */
-        m = module_get(t, &o, (void *)runtime_register(caller));
+        m = module_get(t, &o, (void *)runtime_register(caller), counters[1]);
         if (!m)
             return NULL;
     }

@@ -234,6 +234,17 @@ class Shim(ArchCase):
         self.assertEqual(guarded.files, [])
         self.assertEqual(guarded.err, "")
 
+    def test_unloaded_and_loaded_again(self):
+        a = os.path.join(ARCH, "libarch_sass80_shared.so")
+        b = os.path.join(ARCH, "libarch_sm120_shared.so")
+        run = self.arch("alloc", f"load:{a}", "unload", f"load:{b}", "unload", f"load:{a}",
+                        "modules", devices=GPUS[(12, 0)])
+        self.assertEqual(run.rc, 0, run.err)
+        self.assertIn("modules: 1\n", run.out)  # unregistered at each unload
+        self.assertEqual([(e["module"], e["ok"]) for e in run.of("arch")],
+                         [(a, False), (b, True)])  # once each, though `a` came back
+        self.assertEqual(len([l for l in self.shim_lines(run) if "no kernel image" in l]), 1)
+
     def test_several_gpus(self):
         sass80 = os.path.join(ARCH, "libarch_sass80_shared.so")
         devices = ";".join([GPUS[(8, 6)], GPUS[(12, 0)], GPUS[(8, 6)]])

@@ -3,6 +3,7 @@
  *
  *   load:PATH     dlopen(PATH, RTLD_NOW | RTLD_LOCAL), as Python extensions are
  *   call:SYM      call `int SYM(void)` of the last loaded library; prints "SYM: N"
+ *   unload        dlclose the last loaded library
  *   alloc         cudaMalloc + cudaFree of 1 MiB through the linked runtime
  *                 (the program's first CUDA call starts the guard)
  *   unlink:PATH   remove a file (a library replaced on disk while loaded)
@@ -37,6 +38,12 @@ int main(int argc, char **argv)
                 return 2;
             }
             printf("%s: %d\n", a + 5, fn());
+        } else if (!strcmp(a, "unload")) {
+            if (!lib || dlclose(lib) != 0) {
+                fprintf(stderr, "archprog: nothing to unload\n");
+                return 2;
+            }
+            lib = NULL;
         } else if (!strcmp(a, "alloc")) {
             void *p = NULL;
             cudaError_t r = cudaMalloc(&p, 1 << 20);
