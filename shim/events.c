@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "device.h"
+#include "fatbin.h"
 #include "gpuguard.h"
 #include "journal.h"
 #include "prim.h"
@@ -204,6 +205,65 @@ void gg_events_note(const char *text)
     struct gg_json j;
     begin(&j, buf, sizeof buf, "note");
     gg_json_kstr(&j, "text", text);
+    end(&j);
+}
+
+void gg_events_problem(const char *fmt, ...)
+{
+    char msg[1280], buf[1536];
+    struct gg_json j;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    begin(&j, buf, sizeof buf, "error");
+    gg_json_kstr(&j, "message", msg);
+    end(&j);
+}
+
+/* The codes of one kind, oldest arch first, as a JSON array of names. */
+static void arch_codes(struct gg_json *j, const char *key, const struct gg_fatbin *fb, int kind)
+{
+    bool done[GG_FATBIN_CODES] = {false};
+    gg_json_key(j, key);
+    gg_json_arr(j);
+    for (;;) {
+        int pick = -1;
+        for (unsigned i = 0; i < fb->ncode; i++)
+            if (!done[i] && fb->code[i].kind == kind &&
+                (pick < 0 || fb->code[i].arch < fb->code[pick].arch))
+                pick = (int)i;
+        if (pick < 0)
+            break;
+        done[pick] = true;
+        char name[32];
+        gg_fatbin_code_name(fb->code[pick], name, sizeof name);
+        gg_json_str(j, name);
+    }
+    gg_json_arr_end(j);
+}
+
+void gg_events_arch(const struct gg_arch_event *e)
+{
+    char buf[4096];
+    struct gg_json j;
+    begin(&j, buf, sizeof buf, "arch");
+    gg_json_ki64(&j, "dev", e->dev);
+    gg_json_kstr(&j, "cc", e->cc);
+    gg_json_kstr(&j, "module", e->module);
+    arch_codes(&j, "sass", e->fb, GG_FATBIN_SASS);
+    arch_codes(&j, "ptx", e->fb, GG_FATBIN_PTX);
+    gg_json_kbool(&j, "ok", e->ok);
+    gg_json_kstr(&j, "message", e->message);
+    gg_json_key(&j, "devs");
+    gg_json_arr(&j);
+    for (int k = 0; k < e->ndevs; k++)
+        gg_json_i64(&j, e->devs[k]);
+    gg_json_arr_end(&j);
+    gg_json_kstr(&j, "source", e->from_memory ? "registered" : "file");
+    gg_json_ku64(&j, "fatbins", e->fb->fatbins);
+    gg_json_ku64(&j, "read_bytes", e->fb->bytes_read);
+    gg_json_ku64(&j, "read_us", e->read_us);
     end(&j);
 }
 

@@ -28,6 +28,25 @@ void gg_events_advice(const struct gg_advice *a, bool signaled);
 struct gg_window;
 void gg_events_batch(int dev, int batch_size, int grad_accum, const struct gg_window *w,
                      bool final);
+/* arch: a module's device code judged against the GPUs of one compute
+ * capability (arch.c). */
+struct gg_fatbin;
+struct gg_arch_event {
+    int dev;                    /* the first GPU of that compute capability */
+    const char *cc;             /* "8.6" */
+    const char *module;
+    const struct gg_fatbin *fb; /* what the module carries */
+    bool ok;
+    const char *message;
+    int devs[64], ndevs;        /* every GPU of that compute capability */
+    bool from_memory;           /* judged from registered fat binaries */
+    uint64_t read_us;
+};
+void gg_events_arch(const struct gg_arch_event *e);
+/* error, in the journal only: a problem that is not the user's input (a
+ * library's unreadable device code), not worth the host's stderr. */
+void gg_events_problem(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* sample: a timeline point. */
 void gg_events_sample(int dev, uint64_t current, uint64_t used);
 /* note: the trainer's text. */

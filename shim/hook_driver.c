@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arch.h"
 #include "device.h"
 #include "driver.h"
 #include "gate.h"
@@ -313,6 +314,8 @@ static CUresult body_DRV_GETPROC2(enum gg_hook h, int v, const char *sym, void *
                                   cuuint64_t flags, CUdriverProcAddressQueryResult *status)
 {
     getproc2_fn real = REAL(getproc2_fn, h, v);
+    if (gg_active())
+        gg_arch_poll(); /* a runtime starting up: new modules checked before their kernels */
     MISSING(real);
     CUresult r = real(sym, pfn, ver, flags, status);
     if (r == CUDA_SUCCESS && sym && pfn && *pfn && gg_hooks_driver_enabled() && !gg_passing_through())
@@ -325,6 +328,8 @@ static CUresult body_DRV_GETPROC1(enum gg_hook h, int v, const char *sym, void *
                                   cuuint64_t flags)
 {
     getproc1_fn real = REAL(getproc1_fn, h, v);
+    if (gg_active())
+        gg_arch_poll(); /* a runtime starting up: new modules checked before their kernels */
     MISSING(real);
     CUresult r = real(sym, pfn, ver, flags);
     if (r == CUDA_SUCCESS && sym && pfn && *pfn && gg_hooks_driver_enabled() && !gg_passing_through())

@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 
+#include "arch.h"
 #include "device.h"
 #include "events.h"
 #include "gate.h"
@@ -253,9 +254,41 @@ static cudaError_t body_RT_ENTRY_V(enum gg_hook h, enum gg_rt rt, const char *sy
     return r;
 }
 
+/* nvcc's host code registers each fat binary from its library's
+ * constructor: forwarded to that library's own runtime (this copy's
+ * version), the library noted, and checked against the GPUs (arch.h) when
+ * the shim has started; never starts the shim (a process that imports
+ * torch and never allocates leaves nothing behind). */
+typedef void **(*register_fn)(void *);
+static void **body_RT_REGISTER(enum gg_hook h, enum gg_rt rt, void *fat_cubin)
+{
+    register_fn real = (register_fn)real_of(rt, h);
+    if (gg_unlikely(!real)) {
+        missing(rt, h);
+        return NULL;
+    }
+    void *module = gg_passing_through() ? NULL : gg_arch_registering(fat_cubin);
+    void **handle = real(fat_cubin);
+    if (module && gg_active())
+        gg_arch_registered(module);
+    return handle;
+}
+
 /* ---- the exports, from hooks.def ----------------------------------------------------- */
 
-#define RET_RT cudaError_t
+#define RET_RT_ALLOC cudaError_t
+#define RET_RT_ASYNC cudaError_t
+#define RET_RT_POOL cudaError_t
+#define RET_RT_MANAGED cudaError_t
+#define RET_RT_PITCH cudaError_t
+#define RET_RT_FREE cudaError_t
+#define RET_RT_FREE_ASYNC cudaError_t
+#define RET_RT_MEMINFO cudaError_t
+#define RET_RT_ENTRY cudaError_t
+#define RET_RT_ENTRY_V cudaError_t
+#define RET_RT_REGISTER void **
+#define SIG_RT_REGISTER (void *fat_cubin)
+#define ARGS_RT_REGISTER (fat_cubin)
 #define SIG_RT_ALLOC (void **p, size_t n)
 #define ARGS_RT_ALLOC (p, n)
 #define SIG_RT_ASYNC (void **p, size_t n, cudaStream_t s)
@@ -286,8 +319,8 @@ static cudaError_t body_RT_ENTRY_V(enum gg_hook h, enum gg_rt rt, const char *sy
  * lists are expanded before they are pasted in). */
 #define RT_FN(name, rt, id, shape) RT_FN_(name, rt, id, shape, SIG_##shape, ARGS_##shape)
 #define RT_FN_(name, rt, id, shape, sig, args)                      \
-    GG_EXPORT RET_RT CUDARTAPI name sig;                            \
-    GG_EXPORT RET_RT CUDARTAPI name sig                             \
+    GG_EXPORT RET_##shape CUDARTAPI name sig;                       \
+    GG_EXPORT RET_##shape CUDARTAPI name sig                        \
     {                                                               \
         return body_##shape(GG_HOOK_##id, rt, EXPAND args);         \
     }

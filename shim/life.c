@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "advice.h"
+#include "arch.h"
 #include "device.h"
 #include "events.h"
 #include "guard.h"
@@ -170,6 +171,7 @@ static bool start(void)
     gg_events_start(comm, host, proc.rank);
     gg_react_python();
     gg_journal_release(open);
+    gg_arch_start(); /* the loaded modules' device code against the GPUs */
     atexit(at_exit);
     return true;
 }

@@ -61,3 +61,6 @@ $(FAKE_NCCL): tests/fake/nccllike.c | $(BUILD)/fake
 
 # Test programs load the driver and the NCCL-like library at run time.
 $(BUILD)/tests/progs/script: | $(FAKE_CUDA) $(FAKE_NCCL)
+
+# Libraries with real device code for chosen archs (needs nvcc).
+-include tests/arch/arch.mk

@@ -18,6 +18,8 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -591,4 +593,174 @@ cudaError_t CUDARTAPI cudaGetDriverEntryPointByVersion_ptsz(
     enum cudaDriverEntryPointQueryResult *driverStatus)
 {
     return entry_point(symbol, funcPtr, cudaVersion, flags, driverStatus, 1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* What nvcc-generated host code calls (crt/host_runtime.h): at load time, a
+ * library's constructor registers each fat binary, then its kernels and
+ * variables; a launch pushes and pops its configuration. The handle keeps
+ * the wrapper, as the real one does; the fake device loads no module and
+ * runs no kernel, so a launch fails with cudaErrorNotSupported.           */
+
+/* Declared by crt/host_runtime.h and crt/device_functions.h, C++ only. */
+void **CUDARTAPI __cudaRegisterFatBinary(void *fatCubin);
+void CUDARTAPI __cudaRegisterFatBinaryEnd(void **fatCubinHandle);
+void CUDARTAPI __cudaUnregisterFatBinary(void **fatCubinHandle);
+void CUDARTAPI __cudaRegisterFunction(void **fatCubinHandle, const char *hostFun, char *deviceFun,
+                                      const char *deviceName, int thread_limit, uint3 *tid,
+                                      uint3 *bid, dim3 *bDim, dim3 *gDim, int *wSize);
+void CUDARTAPI __cudaRegisterVar(void **fatCubinHandle, char *hostVar, char *deviceAddress,
+                                 const char *deviceName, int ext, size_t size, int constant,
+                                 int global);
+void CUDARTAPI __cudaRegisterManagedVar(void **fatCubinHandle, void **hostVarPtrAddress,
+                                        char *deviceAddress, const char *deviceName, int ext,
+                                        size_t size, int constant, int global);
+char CUDARTAPI __cudaInitModule(void **fatCubinHandle);
+unsigned CUDARTAPI __cudaPushCallConfiguration(dim3 gridDim, dim3 blockDim, size_t sharedMem,
+                                               struct CUstream_st *stream);
+cudaError_t CUDARTAPI __cudaPopCallConfiguration(dim3 *gridDim, dim3 *blockDim, size_t *sharedMem,
+                                                 void *stream);
+cudaError_t CUDARTAPI __cudaGetKernel(cudaKernel_t *kernel, const void *hostFun);
+cudaError_t CUDARTAPI __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim,
+                                         void **args, size_t sharedMem, cudaStream_t stream);
+cudaError_t CUDARTAPI __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim,
+                                              void **args, size_t sharedMem, cudaStream_t stream);
+
+struct fake_module {
+    void *wrapper; /* {int magic; int version; const void *data; void *extra} */
+    unsigned functions, variables;
+};
+
+static pthread_mutex_t g_mod_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned g_modules; /* registered and not yet unregistered */
+
+void **CUDARTAPI __cudaRegisterFatBinary(void *fatCubin)
+{
+    struct fake_module *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    m->wrapper = fatCubin;
+    pthread_mutex_lock(&g_mod_mu);
+    g_modules++;
+    pthread_mutex_unlock(&g_mod_mu);
+    return (void **)m; /* *handle is the wrapper */
+}
+
+void CUDARTAPI __cudaRegisterFatBinaryEnd(void **fatCubinHandle)
+{
+    (void)fatCubinHandle;
+}
+
+void CUDARTAPI __cudaUnregisterFatBinary(void **fatCubinHandle)
+{
+    if (!fatCubinHandle)
+        return;
+    pthread_mutex_lock(&g_mod_mu);
+    g_modules--;
+    pthread_mutex_unlock(&g_mod_mu);
+    free(fatCubinHandle);
+}
+
+void CUDARTAPI __cudaRegisterFunction(void **fatCubinHandle, const char *hostFun, char *deviceFun,
+                                      const char *deviceName, int thread_limit, uint3 *tid,
+                                      uint3 *bid, dim3 *bDim, dim3 *gDim, int *wSize)
+{
+    (void)hostFun, (void)deviceFun, (void)deviceName, (void)thread_limit, (void)tid, (void)bid;
+    (void)bDim, (void)gDim, (void)wSize;
+    if (fatCubinHandle)
+        ((struct fake_module *)fatCubinHandle)->functions++;
+}
+
+void CUDARTAPI __cudaRegisterVar(void **fatCubinHandle, char *hostVar, char *deviceAddress,
+                                 const char *deviceName, int ext, size_t size, int constant,
+                                 int global)
+{
+    (void)hostVar, (void)deviceAddress, (void)deviceName, (void)ext, (void)size, (void)constant;
+    (void)global;
+    if (fatCubinHandle)
+        ((struct fake_module *)fatCubinHandle)->variables++;
+}
+
+void CUDARTAPI __cudaRegisterManagedVar(void **fatCubinHandle, void **hostVarPtrAddress,
+                                        char *deviceAddress, const char *deviceName, int ext,
+                                        size_t size, int constant, int global)
+{
+    (void)hostVarPtrAddress;
+    __cudaRegisterVar(fatCubinHandle, NULL, deviceAddress, deviceName, ext, size, constant, global);
+}
+
+char CUDARTAPI __cudaInitModule(void **fatCubinHandle)
+{
+    return fatCubinHandle != NULL;
+}
+
+static __thread struct {
+    dim3 grid, block;
+    size_t shared;
+    void *stream;
+} t_launch;
+
+unsigned CUDARTAPI __cudaPushCallConfiguration(dim3 gridDim, dim3 blockDim, size_t sharedMem,
+                                               struct CUstream_st *stream)
+{
+    t_launch.grid = gridDim;
+    t_launch.block = blockDim;
+    t_launch.shared = sharedMem;
+    t_launch.stream = stream;
+    return 0;
+}
+
+cudaError_t CUDARTAPI __cudaPopCallConfiguration(dim3 *gridDim, dim3 *blockDim, size_t *sharedMem,
+                                                 void *stream)
+{
+    *gridDim = t_launch.grid;
+    *blockDim = t_launch.block;
+    *sharedMem = t_launch.shared;
+    *(void **)stream = t_launch.stream;
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI __cudaGetKernel(cudaKernel_t *kernel, const void *hostFun)
+{
+    if (!kernel || !hostFun)
+        return ret(cudaErrorInvalidValue);
+    *kernel = (cudaKernel_t)(uintptr_t)hostFun;
+    return cudaSuccess;
+}
+
+static cudaError_t launch(void)
+{
+    return ret(cudaErrorNotSupported);
+}
+
+cudaError_t CUDARTAPI __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim,
+                                         void **args, size_t sharedMem, cudaStream_t stream)
+{
+    (void)kernel, (void)gridDim, (void)blockDim, (void)args, (void)sharedMem, (void)stream;
+    return launch();
+}
+
+cudaError_t CUDARTAPI __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim,
+                                              void **args, size_t sharedMem, cudaStream_t stream)
+{
+    (void)kernel, (void)gridDim, (void)blockDim, (void)args, (void)sharedMem, (void)stream;
+    return launch();
+}
+
+cudaError_t CUDARTAPI cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args,
+                                       size_t sharedMem, cudaStream_t stream)
+{
+    (void)func, (void)gridDim, (void)blockDim, (void)args, (void)sharedMem, (void)stream;
+    return launch();
+}
+
+/* Test hook: the fat binaries registered and not unregistered (it proves a
+ * registration reached this runtime). */
+unsigned fakecudart_modules(void);
+unsigned fakecudart_modules(void)
+{
+    pthread_mutex_lock(&g_mod_mu);
+    unsigned n = g_modules;
+    pthread_mutex_unlock(&g_mod_mu);
+    return n;
 }

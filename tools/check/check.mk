@@ -1,15 +1,17 @@
 # check.mk - gpuguard-check, included by the top Makefile.
 #
-# The shim's own config (layer 2) and driver probe (layer 3) code is compiled
-# straight into the tool (not taken from the core archive), so gpuguard-check
-# builds on its own and reads policies and lists GPUs exactly as the shim
-# does. The CUDA driver is dlopen()ed at run time: only the toolkit's cuda.h
-# is needed, never libcuda.
+# The shim's own config (layer 2), driver probe (layer 3) and fat-binary
+# reader (layer 1) are compiled straight into the tool (not taken from the
+# core archive), so gpuguard-check builds on its own and reads policies,
+# lists GPUs and judges device code exactly as the shim does. The CUDA driver
+# is dlopen()ed at run time: only the toolkit's cuda.h is needed, never
+# libcuda.
 
-CHECK_SHIM := prim values settings inifile policy driver
-CHECK_SRC := tools/check/gpuguard-check.c $(patsubst %,shim/%.c,$(CHECK_SHIM))
+CHECK_SHIM := prim values settings inifile policy driver fatbin
+CHECK_SRC := tools/check/gpuguard-check.c tools/check/check_arch.c \
+             $(patsubst %,shim/%.c,$(CHECK_SHIM))
 
-$(BUILD)/gpuguard-check: $(CHECK_SRC) shim/*.h shim/*.def tools/check/check.mk
+$(BUILD)/gpuguard-check: $(CHECK_SRC) shim/*.h shim/*.def tools/check/*.h tools/check/check.mk
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -Ishim -Iinclude $(CUDA_INC) $(DEP_CFLAGS) $(CHECK_SRC) -o $@ \
 	  $(LDFLAGS) -linih -ldl

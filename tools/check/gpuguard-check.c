@@ -13,6 +13,8 @@
 #include "policy.h"
 #include "settings.h"
 
+#include "check_arch.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -30,6 +32,7 @@
 static const char gg_usage[] =
     "usage: gpuguard-check [--policy FILE|DIR]\n"
     "       gpuguard-check --lint FILE|DIR...\n"
+    "       gpuguard-check --arch [FILE...]\n"
     "       gpuguard-check --help\n"
     "\n"
     "Without --lint: lists each GPU (through libcuda.so.1) with the policy it gets,\n"
@@ -40,6 +43,11 @@ static const char gg_usage[] =
     "--lint: checks each policy file (each *.ini of a directory) and prints\n"
     "FILE:LINE: message for every problem, including a GPU name that two files of\n"
     "one directory both match. Exit status 1 on any problem, 0 when clean.\n"
+    "\n"
+    "--arch: for each FILE (a library or program) and each GPU, one line saying what\n"
+    "device code the file carries and whether the GPU runs it; without FILE, the\n"
+    "CUDA libraries of the PyTorch that python3 imports (the listing ends with the\n"
+    "same verdict on it). Exit status 1 when a file has nothing some GPU can run.\n"
     "\n"
     "Exit status 2: a bad option, or no usable CUDA driver.\n";
 
@@ -475,6 +483,7 @@ static int gg_list(const char *option)
     if (pr.problems)
         printf("%d problem%s in the policies used\n", pr.problems, pr.problems == 1 ? "" : "s");
     gg_printer_free(&pr);
+    gg_check_arch_torch_paragraph();
     return pr.problems ? GG_EXIT_PROBLEM : GG_EXIT_OK;
 }
 
@@ -503,6 +512,8 @@ int main(int argc, char **argv)
                 return gg_bad_usage(argv[i], "unknown option");
         return gg_lint(argc - 2, argv + 2);
     }
+    if (argc >= 2 && strcmp(argv[1], "--arch") == 0)
+        return gg_check_arch(argc - 2, argv + 2);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--policy") == 0 && i + 1 < argc)
             policy = argv[++i];

@@ -1,0 +1,51 @@
+# arch.mk - libraries with device code for chosen archs, built with the real
+# nvcc, for the arch check's tests (DESIGN.md section 2.6). Included by
+# tests/fake/fake.mk. One source, compiled once per arch list, linked with
+# the static runtime (nvcc's default) and with the shared one (-cudart
+# shared: at run time the fake libcudart.so.13 in LD_LIBRARY_PATH).
+#
+#   libarch_NAME.so         static runtime
+#   libarch_NAME_shared.so  shared runtime
+#   libarch_sass80_dlink.so sm_80 code linked without arch flags: nvcc's
+#                           device-link stub is sm_75 (and has no kernels)
+#   libarch_rdc80.so        -rdc=true: the code is the device-link output
+#
+# Without nvcc nothing is built and the tests that need these say so.
+
+NVCC     ?= $(CUDA_HOME)/bin/nvcc
+ARCH_DIR := $(BUILD)/arch
+ARCH_CU  := tests/arch/kernels.cu
+
+ARCH_FLAGS_sass80 := -gencode arch=compute_80,code=sm_80
+ARCH_FLAGS_ptx80  := -gencode arch=compute_80,code=compute_80
+ARCH_FLAGS_multi  := -gencode arch=compute_75,code=sm_75 -gencode arch=compute_86,code=sm_86 \
+                     -gencode arch=compute_90,code=sm_90 -Xfatbin -compress-all
+ARCH_FLAGS_sm90a  := -gencode arch=compute_90a,code=sm_90a
+ARCH_FLAGS_sm120  := -gencode arch=compute_120,code=sm_120
+ARCH_FLAGS_rdc80  := -rdc=true -gencode arch=compute_80,code=sm_80
+
+ARCH_NAMES := sass80 ptx80 multi sm90a sm120
+ARCH_LIBS  := $(foreach n,$(ARCH_NAMES),$(ARCH_DIR)/libarch_$(n).so $(ARCH_DIR)/libarch_$(n)_shared.so) \
+              $(ARCH_DIR)/libarch_sass80_dlink.so $(ARCH_DIR)/libarch_rdc80.so
+
+ifneq ($(wildcard $(NVCC)),)
+ARCH_ALL := $(ARCH_LIBS)
+endif
+
+$(ARCH_DIR)/k_%.o: $(ARCH_CU) tests/arch/arch.mk
+	@mkdir -p $(@D)
+	$(NVCC) -c -Xcompiler -fPIC $(ARCH_FLAGS_$*) $< -o $@
+
+$(ARCH_DIR)/libarch_%_shared.so: $(ARCH_DIR)/k_%.o
+	$(NVCC) -shared -cudart shared $(ARCH_FLAGS_$*) $< -o $@
+
+$(ARCH_DIR)/libarch_sass80_dlink.so: $(ARCH_DIR)/k_sass80.o
+	$(NVCC) -shared $< -o $@
+
+$(ARCH_DIR)/libarch_%.so: $(ARCH_DIR)/k_%.o
+	$(NVCC) -shared $(ARCH_FLAGS_$*) $< -o $@
+
+# Built before the tests that read them.
+$(BUILD)/tests/unit/test_fatbin $(BUILD)/tests/progs/archprog: | $(ARCH_ALL)
+
+.SECONDARY: $(foreach n,$(ARCH_NAMES) rdc80,$(ARCH_DIR)/k_$(n).o)
