@@ -441,7 +441,7 @@ class Guard(object):
             if adv is not None:
                 want = max(want, self._split_for(adv["batch_size"], halve=False))
                 self._native.ack(adv["seq"])
-                why = "advice #%d (%s)" % (adv["seq"], adv["reason"])
+                why = "advice #%d, %s" % (adv["seq"], adv["reason"])
             agreed = self._agree([want])
             if agreed is not None and agreed[0] > want:
                 want, why = agreed[0], why or "another rank was advised"

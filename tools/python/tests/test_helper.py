@@ -545,9 +545,9 @@ class MicrobatchTest(Base):
         self.assertEqual(self.fake.set_calls[-1], (16, 4))  # micro-batch, accumulation x split
         self.assertEqual((g.split, g.micro_batch_size, g.batch_size), (2, 16, 32))
         self.assertIn("from batch 2 on, each batch of 32 is split into 2 micro-batches of "
-                      "at most 16 (advice #1 (near_miss))", logs.output[0])
+                      "at most 16 (advice #1, near_miss)", logs.output[0])
         self.assertEqual(g.history, [{"batch": 2, "split": 2, "micro_batch_size": 16,
-                                      "reason": "advice #1 (near_miss)"}])
+                                      "reason": "advice #1, near_miss"}])
         self.assertEqual(len(self.pieces(g)), 2)         # the split stays
         self.fake.advise()
         with self.assertLogs("gpuguard", logging.WARNING):
