@@ -215,6 +215,10 @@ def train(args):
         model.micro_batch(len(mb), seq, mb.weight)
         done.append(len(mb))
 
+    def zero_grad():  # guard.run redoes the batch: the failed attempt counts for nothing
+        del done[:]
+        model.zero_grad()
+
     for epoch, seq in enumerate(schedule, 1):
         model.empty_cache()  # a new sequence length: drop the cached blocks of the old one
         first, start = step + 1, (guard.micro_batch_size, guard.split)
@@ -223,7 +227,7 @@ def train(args):
             step += 1
             done = []
             try:
-                guard.run(batch, forward_backward, model.zero_grad)
+                guard.run(batch, forward_backward, zero_grad)
             except model.OOM:
                 # Without the guard there is nothing to do but die.
                 print("step %d/%d (epoch %d, seq %d, batch %d x accum %d): "
