@@ -135,6 +135,10 @@ install: all
 	install -m 0755 $(BUILD)/gpuguard-check $(DESTDIR)$(PREFIX)/bin/gpuguard-check
 	install -m 0755 tools/gpuguard-run $(DESTDIR)$(PREFIX)/bin/gpuguard-run
 	install -m 0755 tools/gpuguard-report $(DESTDIR)$(PREFIX)/bin/gpuguard-report
+# The helper package exactly as `pip install tools/python` installs it: its
+# modules and nothing else (a module an older version had goes away).
+	rm -rf $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard
+	install -d $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard
 	install -m 0644 tools/python/gpuguard/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|0.1.0|g' tools/gpuguard.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/gpuguard.pc

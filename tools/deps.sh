@@ -28,4 +28,24 @@ if [ ! -f "$cuda/include/cuda.h" ] || [ ! -f "$cuda/include/cuda_runtime_api.h" 
          "or nvidia-cuda-dev)" >&2
     exit 1
 fi
+# Optional: Debian's python3-torch (torch for /usr/bin/python3), for the tests of the
+# Python helper with real PyTorch; without it they skip and say why.
+has_torch() {
+    [ -x /usr/bin/python3 ] && /usr/bin/python3 -c \
+        "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)" 2>/dev/null
+}
+if [ "$mode" = install ] && ! has_torch; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "gpuguard: installing python3-torch (the tests with real PyTorch)"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -q --no-install-recommends python3-torch >/dev/null 2>&1 ||
+            { apt-get update -q >/dev/null 2>&1 &&
+              apt-get install -y -q --no-install-recommends python3-torch >/dev/null 2>&1; } ||
+            echo "gpuguard: could not install python3-torch; the tests with real PyTorch" \
+                 "will skip" >&2
+    else
+        echo "gpuguard: no PyTorch for /usr/bin/python3, the tests with real PyTorch will" \
+             "skip; install it with: sudo apt-get install python3-torch" >&2
+    fi
+fi
 exit 0

@@ -232,6 +232,10 @@ class Demo(Case):
         # run 2 was advised, shrank twice and finished, with the shim's summary
         self.assertIn("gpuguard advice #1 (near_miss): batch 32 x accum 1 -> 16 x 2", out)
         self.assertIn("gpuguard advice #2 (near_miss): batch 16 x accum 2 -> 8 x 4", out)
+        # ... by splitting each batch of the loader, which stays 32
+        self.assertIn("gpuguard: from batch 8 on, each batch of 32 is split into 2 micro-batches "
+                      "of at most 16 (advice #1, near_miss)", out)
+        self.assertIn("micro-batch x n  8 x 4", out)
         self.assertIn("finished: 27/27 steps, 864 samples (effective batch 32 per step)", out)
         self.assertIn("=> it finished every step (exit status 0", out)
         self.assertRegex(out, r"   gpuguard: GPU0 NVIDIA GeForce RTX 3090: peak [\d.]+ GiB "

@@ -8,10 +8,12 @@
   1. without gpuguard: its activation memory grows with the sequence length
      (a curriculum: longer sequences every epoch) until a step no longer fits
      and it dies of "CUDA out of memory", partway through;
-  2. under LD_PRELOAD=libgpuguard.so with the Python helper (gpuguard.Guard):
-     the shim advises it to halve its batch (and double its gradient
-     accumulation) at the first near miss, before any OOM; it shrinks,
-     keeps its effective batch and finishes every step.
+  2. under LD_PRELOAD=libgpuguard.so with the Python helper: the trainer
+     runs each batch through gpuguard.Guard.run. The shim advises a smaller
+     batch at the first near miss, before any OOM; from the next step on each
+     batch of the (unchanged) loader runs as 2, then 4 micro-batches whose
+     gradients add up to the batch's, so the effective batch is kept, and
+     the run finishes every step.
 
 Then tools/gpuguard-report reads the guarded run's journal.
 
@@ -69,7 +71,6 @@ FAKE_PLAN = {
     "schedule": [256, 320, 384, 448, 512, 640, 768, 896, 1024],
     "steps_per_epoch": 3,
     "batch_size": 32,
-    "grad_accum": 1,
 }
 
 
@@ -123,7 +124,7 @@ class FakeTorch(object):
     def layer(self, batch, seq):
         return self.alloc(batch * seq * self.plan["per_token_layer"])
 
-    def micro_batch(self, batch, seq, accum):
+    def micro_batch(self, batch, seq, weight):
         """Forward through every layer (activations kept for backward),
         backward with one layer's workspace, then everything freed."""
         acts = []
@@ -167,12 +168,12 @@ class RealTorch(object):
                         for _ in range(plan["layers"])]
         self.opt = torch.optim.Adam(self.weights, lr=1e-5)
 
-    def micro_batch(self, batch, seq, accum):
+    def micro_batch(self, batch, seq, weight):
         torch = self.torch
         x = torch.randn(batch, seq, self.hidden, device="cuda")
         for w in self.weights:
             x = torch.nn.functional.gelu(x @ w)
-        loss = x.square().mean() / accum
+        loss = x.square().mean() * weight
         del x
         loss.backward()
 
@@ -198,60 +199,60 @@ def train(args):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         import gpuguard
-        guard = gpuguard.Guard(batch_size=plan["batch_size"], grad_accum=plan["grad_accum"])
+        guard = gpuguard.Guard(batch_size=plan["batch_size"])
     for w in caught:
         print("  %s" % w.message)
     print("gpuguard helper: %s" % ("active (libgpuguard.so is preloaded)" if guard.active
                                    else "inactive"))
     model = RealTorch(plan, build) if args.train == "real" else FakeTorch(plan, build)
-    batch, accum = guard.batch_size, guard.grad_accum
+    batch = list(range(plan["batch_size"]))  # the loader's batch: its samples' ids
     schedule, per_epoch = plan["schedule"], plan["steps_per_epoch"]
     total = len(schedule) * per_epoch
     step = samples = 0
     sys.stdout.flush()
+
+    def forward_backward(mb):  # one micro-batch: the whole batch until advised
+        model.micro_batch(len(mb), seq, mb.weight)
+        done.append(len(mb))
+
+    def zero_grad():  # guard.run redoes the batch: the failed attempt counts for nothing
+        del done[:]
+        model.zero_grad()
+
     for epoch, seq in enumerate(schedule, 1):
         model.empty_cache()  # a new sequence length: drop the cached blocks of the old one
-        first, start = step + 1, (batch, accum)
+        first, start = step + 1, (guard.micro_batch_size, guard.split)
         peak = 0
         for _ in range(per_epoch):
             step += 1
-            while True:
-                try:
-                    for _ in range(accum):
-                        model.micro_batch(batch, seq, accum)
-                    model.optimizer_step()
-                    break
-                except model.OOM as e:
-                    # Without the guard there is nothing to do but die.
-                    if not guard.shrink_requested:
-                        print("step %d/%d (epoch %d, seq %d, batch %d x accum %d): "
-                              "CUDA out of memory" % (step, total, epoch, seq, batch, accum))
-                        sys.stdout.flush()
-                        raise
-                    oom = str(e).split(".")[0]
-                # A refusal by the guard is a clean OOM that comes with an
-                # advice: shrink and redo the step (outside the except block,
-                # so that the traceback no longer holds the step's tensors).
-                model.zero_grad()
-                batch, accum = guard.accept()
-                model.empty_cache()
-                print("step %d/%d: %s; gpuguard advised, redoing the step with batch %d x "
-                      "accum %d" % (step, total, oom, batch, accum))
-            samples += batch * accum
+            done = []
+            try:
+                guard.run(batch, forward_backward, zero_grad)
+            except model.OOM:
+                # Without the guard there is nothing to do but die.
+                print("step %d/%d (epoch %d, seq %d, batch %d x accum %d): "
+                      "CUDA out of memory" % (step, total, epoch, seq, len(batch), 1))
+                sys.stdout.flush()
+                raise
+            model.optimizer_step()
+            samples += sum(done)
             peak = max(peak, model.take_peak())
-            if guard.shrink_requested:
-                adv = guard.advice() or {}
-                old = (batch, accum)
-                batch, accum = guard.accept()
-                model.empty_cache()  # Guard.accept() does this itself for real PyTorch
-                print("step %d/%d (epoch %d, seq %d): gpuguard advice #%s (%s): "
-                      "batch %d x accum %d -> %d x %d, effective batch %d kept"
-                      % (step, total, epoch, seq, adv.get("seq", "?"), adv.get("reason", "?"),
-                         old[0], old[1], batch, accum, batch * accum))
-        shape = "%2d x %d" % (batch, accum)
-        if start != (batch, accum):
+            adv = guard.advice()
+            if adv is not None:
+                # Acted on at the next batch boundary, by guard.run itself.
+                print("step %d/%d (epoch %d, seq %d): gpuguard advice #%d (%s): batch %d x "
+                      "accum %d -> %d x %d, effective batch %d kept: the next steps run each "
+                      "batch of %d as %d micro-batches"
+                      % (step, total, epoch, seq, adv["seq"], adv["reason"],
+                         guard.micro_batch_size, guard.split, adv["batch_size"],
+                         adv["grad_accum"], adv["batch_size"] * adv["grad_accum"], len(batch),
+                         adv["grad_accum"]))
+                if args.train != "real":
+                    model.empty_cache()  # Guard does this itself for real PyTorch
+        shape = "%2d x %d" % (guard.micro_batch_size, guard.split)
+        if start != (guard.micro_batch_size, guard.split):
             shape = "%2d x %d -> %s" % (start[0], start[1], shape)
-        print("epoch %d/%d  seq %4d  steps %2d-%-2d  batch x accum %-16s peak reserved %s"
+        print("epoch %d/%d  seq %4d  steps %2d-%-2d  micro-batch x n %-16s peak reserved %s"
               % (epoch, len(schedule), seq, first, step, shape, fmt(peak)))
         sys.stdout.flush()
     print("finished: %d/%d steps, %d samples (effective batch %d per step)"
@@ -351,8 +352,8 @@ def fake_setup(build, out_dir):
     say("schedule %d epochs x %d steps, sequence length %s"
         % (len(plan["schedule"]), plan["steps_per_epoch"],
            " -> ".join(str(s) for s in plan["schedule"])))
-    say("batch    %d x accum %d: peak device use %s at seq 384, %s at seq 448, %s at seq 512"
-        % (plan["batch_size"], plan["grad_accum"],
+    say("batch    %d: peak device use %s at seq 384, %s at seq 448, %s at seq 512"
+        % (plan["batch_size"],
            *(fmt(plan["context"] + state + plan["batch_size"] * s * per_token * 13 // 12)
              for s in (384, 448, 512))))
     return plan, env, guarded
@@ -447,8 +448,8 @@ def main():
     say("=" * 51)
     say("The same trainer runs twice. Its activation memory grows with the batch and with the")
     say("sequence length, which grows every epoch. Without gpuguard it dies of an OOM partway;")
-    say("with gpuguard it is told to halve its batch (and double its gradient accumulation)")
-    say("at the first near miss, before the OOM, and finishes.")
+    say("with gpuguard it is told at the first near miss, before the OOM, to halve its batch:")
+    say("it splits each batch into micro-batches (same samples per step) and finishes.")
     if real:
         plan, guarded_plan, env, guarded = real_setup(build, out_dir)
         backend = "real"
@@ -461,8 +462,8 @@ def main():
     total_steps = len(plan["schedule"]) * plan["steps_per_epoch"]
 
     heading("Run 1: without gpuguard")
-    say("$ python3 tools/demo/demo.py --train %s ...   # the trainer: batch %d x accum %d"
-        % (backend, plan["batch_size"], plan["grad_accum"]))
+    say("$ python3 tools/demo/demo.py --train %s ...   # the trainer: batch %d"
+        % (backend, plan["batch_size"]))
     t0 = time.time()
     rc1, _, err1 = run_trainer(backend, plan, build, env, out_dir)
     died = rc1 not in (0, None) and "out of memory" in err1
@@ -479,14 +480,17 @@ def main():
     heading("Run 2: the same trainer under gpuguard")
     say("$ LD_PRELOAD=%s python3 tools/demo/demo.py --train %s ..."
         % (os.path.relpath(shim, ROOT), backend))
-    say("  the trainer already does: guard = gpuguard.Guard(batch_size=%d, grad_accum=%d)"
-        % (plan["batch_size"], plan["grad_accum"]))
-    say("  and after each step: if guard.shrink_requested: batch, accum = guard.accept()")
+    say("  the trainer already does: guard = gpuguard.Guard(batch_size=%d)"
+        % plan["batch_size"])
+    say("  and for each batch: guard.run(batch, forward_backward, zero_grad), which splits")
+    say("  the batch into micro-batches once advised (the loader's batch stays %d)"
+        % plan["batch_size"])
     t0 = time.time()
     rc2, pid2, err2 = run_trainer(backend, guarded_plan, build, guarded, out_dir)
     shim_lines = [l for l in err2.splitlines() if l.startswith("gpuguard:")]
     finished = rc2 == 0
-    say("=> %s (exit status %d, %.1f s); the shim's summary on stderr:"
+    say("=> %s (exit status %d, %.1f s); gpuguard's lines on stderr (the helper's, the "
+        "shim's summary):"
         % ("it finished every step" if finished else "it did NOT finish", rc2, time.time() - t0))
     for line in shim_lines:
         say("   " + line)

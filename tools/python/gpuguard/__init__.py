@@ -4,23 +4,30 @@ libgpuguard.so, preloaded into the training process, watches every device
 allocation. When memory gets tight it journals the near miss, computes an
 advice (halve the batch, double the gradient accumulation) and, when the
 process has a handler for it, sends a signal (SIGUSR2 by default). This
-module is that handler and the way to read and acknowledge the advice::
+module is that handler, and the way to follow the advice without changing
+the training: the loader's batch stays what it is, and after an advice each
+batch is split into micro-batches whose gradients add up to the batch's::
 
     import gpuguard
-    guard = gpuguard.Guard(batch_size=32, grad_accum=1, min_batch_size=1)
+    guard = gpuguard.Guard(batch_size=32, min_batch_size=1)
     for batch in loader:
-        ...
-        if guard.shrink_requested:
-            batch_size, grad_accum = guard.accept()
-            loader = make_loader(batch_size)
+        for mb in guard.microbatches(batch):     # 1 x 32; after an advice 2 x 16; ...
+            loss = loss_fn(model(mb.data), mb.data) * mb.weight
+            loss.backward()
+        optimizer.step(); optimizer.zero_grad()
+
+``Guard.run(batch, step, zero_grad)`` does the same and also survives an
+out-of-memory error: it halves the micro-batch and redoes the batch. In a
+torch.distributed job every rank takes the same split for every batch.
 
 Without the shim the guard is inert: ``guard.active`` is False, one warning
-says so, and every method is a harmless no-op.
+says so, and nothing changes (one micro-batch of weight 1.0 per batch).
 
 Standard library only; importing gpuguard never imports torch, transformers
 or lightning (it uses torch only when the program already imported it).
 """
 
+import logging
 import os
 import signal as _signal
 import sys
@@ -28,11 +35,14 @@ import threading
 import traceback
 import warnings
 
-from . import _native
+from . import _native, _split
 
 __version__ = "0.1.0"
 
-__all__ = ["Guard", "GpuguardWarning", "DEFAULT_SIGNAL", "NOTE_LIMIT", "__version__"]
+__all__ = ["Guard", "MicroBatch", "GpuguardWarning", "DEFAULT_SIGNAL", "NOTE_LIMIT",
+           "__version__"]
+
+log = logging.getLogger("gpuguard")
 
 #: The most characters of Python stack attached to the journal per signal.
 NOTE_LIMIT = 8192
@@ -137,13 +147,9 @@ def _distributed(torch):
     return dist
 
 
-def _all_reduce_int(torch, value, op):
-    """`value` reduced with ReduceOp.`op` over every rank, or None when the
-    process is not part of an initialized process group. Collective: every
-    rank must call it."""
-    dist = _distributed(torch)
-    if dist is None:
-        return None
+def _all_reduce_max(torch, dist, values):
+    """`values` (ints) reduced element-wise with MAX over every rank of the
+    default process group. Collective: every rank must call it."""
     device = "cpu"
     try:
         backend = str(dist.get_backend()).lower()
@@ -151,21 +157,95 @@ def _all_reduce_int(torch, value, op):
         backend = ""
     if "nccl" in backend:
         device = "cuda:%d" % torch.cuda.current_device()
-    t = torch.tensor([int(value)], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
-    return int(t.item())
+    t = torch.tensor([int(v) for v in values], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [int(v) for v in t.tolist()]
+
+
+def _oom_classes(torch):
+    found = []
+    for owner in (torch, getattr(torch, "cuda", None)):
+        cls = getattr(owner, "OutOfMemoryError", None)
+        if isinstance(cls, type) and cls not in found:
+            found.append(cls)
+    return tuple(found)
+
+
+def _is_oom(exc):
+    """torch.OutOfMemoryError (2.x), torch.cuda.OutOfMemoryError (1.13+), or
+    the RuntimeError older versions raise ("CUDA out of memory. ...")."""
+    classes = _oom_classes(_torch())
+    if classes and isinstance(exc, classes):
+        return True
+    return isinstance(exc, RuntimeError) and str(exc).startswith("CUDA out of memory")
+
+
+def _oom_error(message):
+    """An exception of the type torch raises for an OOM, carrying `message`."""
+    classes = _oom_classes(_torch())
+    return (classes[0] if classes else RuntimeError)(message)
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+class MicroBatch(object):
+    """One piece of a batch.
+
+    data: the piece (same structure as the batch).
+    weight: len(piece) / len(batch): scale the piece's mean loss by it and the
+        accumulated gradient is the whole batch's.
+    index, count: which piece of how many; ``last`` is True for the final one
+        (DistributedDataParallel: run the others under ``model.no_sync()``).
+    """
+
+    __slots__ = ("data", "weight", "size", "index", "count")
+
+    def __init__(self, data, weight, size, index, count):
+        self.data = data
+        self.weight = weight
+        self.size = size
+        self.index = index
+        self.count = count
+
+    def __len__(self):
+        return self.size
+
+    @property
+    def last(self):
+        return self.index == self.count - 1
+
+    def __repr__(self):
+        return "<gpuguard.MicroBatch %d/%d size=%d weight=%.4g>" % (
+            self.index + 1, self.count, self.size, self.weight)
 
 
 class Guard(object):
     """The trainer's handle on libgpuguard.so.
 
-    batch_size, grad_accum: what the trainer runs now (told to the shim).
-    min_batch_size: accept() never goes below it.
+    batch_size: the loader's batch size (per rank). microbatches() and run()
+        never change it; they split each batch into pieces of at most
+        micro_batch_size samples once the shim advised a smaller batch.
+    grad_accum: loader batches accumulated per optimizer step by the trainer
+        itself (1 when every batch is a step); told to the shim.
+    min_batch_size: no piece is made smaller than this.
     signal: the signal the shim sends with an advice (a number, a name, or
-        None for no handler: poll ``shrink_requested`` instead). The default
-        is GPUGUARD_SIGNAL when set, else SIGUSR2. The handler is installed
-        only from the main thread, and chains to the Python handler it
-        replaces.
+        None for no handler: the guard polls for the advice instead). The
+        default is GPUGUARD_SIGNAL when set, else SIGUSR2. The handler is
+        installed only from the main thread, and chains to the Python
+        handler it replaces.
+
+    Creating a Guard registers the trainer with the shim
+    (gpuguard_set_batch): under ``mode = auto`` the process is enforced from
+    then on, because it can now react to advice.
+
+    In a torch.distributed job (the default process group initialized) the
+    guard keeps the ranks in step: microbatches() and run() agree on the
+    split with one small all-reduce per batch, and reading shrink_requested
+    is a collective too. Every rank must make the same calls in the same
+    order (as the same training loop on every rank does); a rank without the
+    shim takes part all the same and follows the others' split.
     """
 
     def __init__(self, batch_size, grad_accum=1, min_batch_size=1,
@@ -182,6 +262,11 @@ class Guard(object):
         self._accum = grad_accum
         self._min = min_batch_size
         self._effective = batch_size * grad_accum
+        self._split = 1          # pieces per batch (microbatches / run)
+        self._batches = 0        # batch boundaries passed
+        self._steps = 0          # steps told to the shim (gpuguard_step)
+        self._peers = None       # distributed: is any rank's guard active? None: not asked yet
+        self._agreed = None      # (batch, advice seq) of the last shrink_requested agreement
         self._flag = False
         self._closed = False
         self._lock = threading.RLock()
@@ -189,6 +274,11 @@ class Guard(object):
         self._handler = None
         self._previous = None
         self._installed = False
+        #: One dict per change of the split: batch (1-based), split,
+        #: micro_batch_size, reason.
+        self.history = []
+        #: Out-of-memory errors that run() caught and recovered from.
+        self.ooms = 0
         self._native = _native.load()
         if self._native is None:
             warnings.warn(_INERT_MESSAGE, GpuguardWarning, stacklevel=2)
@@ -265,34 +355,19 @@ class Guard(object):
         return self._effective
 
     @property
+    def split(self):
+        """Pieces per batch that microbatches() and run() make now."""
+        return self._split
+
+    @property
+    def micro_batch_size(self):
+        """The largest piece of a full batch now."""
+        return _ceil_div(self._batch, self._split)
+
+    @property
     def signal(self):
         """The signal the guard handles, or None."""
         return self._signum if self._installed else None
-
-    @property
-    def shrink_requested(self):
-        """True when the shim's signal arrived or an advice waits for its
-        ack (so polling works without the signal). Local to this process:
-        in a distributed run see sync_shrink_requested()."""
-        if not self.active:
-            return False
-        if self._flag:
-            return True
-        try:
-            return self._native.advice() is not None
-        except Exception:
-            return False
-
-    def sync_shrink_requested(self):
-        """shrink_requested agreed over every rank (True on all ranks when
-        any rank was advised) when torch.distributed is initialized, else
-        the local value. Collective: call it on every rank at the same step,
-        then call accept() on every rank when it says True."""
-        local = self.shrink_requested
-        if self._native is None:
-            return False
-        agreed = _all_reduce_int(_torch(), 1 if local else 0, "MAX")
-        return local if agreed is None else bool(agreed)
 
     def advice(self):
         """The pending advice as a dict (seq, dev, batch_size, grad_accum,
@@ -313,59 +388,279 @@ class Guard(object):
         except Exception:
             return None
 
-    # --- actions ------------------------------------------------------------
+    # --- ranks --------------------------------------------------------------
+
+    def _agree(self, values):
+        """`values` reduced with MAX over every rank, or None when this is
+        no distributed job, or when no rank's guard is active (learned at
+        the first agreement, by every rank alike, so all stop asking
+        together). Collective in a distributed job."""
+        torch = _torch()
+        dist = _distributed(torch)
+        if dist is None or self._peers is False:
+            return None
+        out = _all_reduce_max(torch, dist, [1 if self.active else 0] + list(values))
+        self._peers = bool(out[0])
+        return out[1:] if self._peers else None
+
+    @staticmethod
+    def _rank():
+        dist = _distributed(_torch())
+        try:
+            return dist.get_rank() if dist is not None else 0
+        except Exception:
+            return 0
+
+    # --- micro-batches --------------------------------------------------------
+
+    def step(self):
+        """A training step ended (after optimizer.step()): tells the shim
+        (gpuguard_step), which keeps each step's peak for its forecast and
+        leak checks. microbatches() and run() call it at every batch
+        boundary themselves; a hand-written loop that uses neither calls it.
+        A no-op without the shim, or with a shim that predates
+        gpuguard_step."""
+        self._steps += 1
+        if self.active:
+            try:
+                self._native.step(self._steps)
+            except Exception:
+                pass
+
+    def _boundary(self):
+        """A batch boundary: the single place where the previous batch's
+        step ends and an advice takes effect. Returns the split for the
+        batch that starts now, agreed with every rank."""
+        with self._lock:
+            if self._batches:
+                self.step()  # gpuguard_step: the previous batch, its optimizer step included
+            self._batches += 1
+            want, why = self._split, None
+            adv = self.advice()
+            self._flag = False
+            if adv is not None:
+                want = max(want, self._split_for(adv["batch_size"], halve=False))
+                self._native.ack(adv["seq"])
+                why = "advice #%d, %s" % (adv["seq"], adv["reason"])
+            agreed = self._agree([want])
+            if agreed is not None and agreed[0] > want:
+                want, why = agreed[0], why or "another rank was advised"
+            if want != self._split:
+                self._set_split(want, why)
+            elif adv is not None:
+                # Nothing left to shrink; the ack made the advised batch the
+                # shim's current one: tell it what really runs.
+                self._native.set_batch(self.micro_batch_size, self._accum * self._split)
+                _empty_cache(_torch())
+            return self._split
+
+    def _split_for(self, advised, halve):
+        """The split for pieces of at most `advised` samples (halving the
+        current piece when `halve`, or when `advised` is unknown), never
+        below min_batch_size and never fewer pieces than now."""
+        micro = self.micro_batch_size
+        target = micro // 2 if halve or advised <= 0 else micro
+        if advised > 0:
+            target = min(target, advised)
+        target = max(target, min(self._min, micro), 1)
+        return max(self._split, _ceil_div(self._batch, target))
+
+    def _set_split(self, split, why):
+        self._split = split
+        micro = self.micro_batch_size
+        if self.active:
+            self._native.set_batch(micro, self._accum * split)
+        _empty_cache(_torch())
+        self.history.append({"batch": self._batches, "split": split,
+                             "micro_batch_size": micro, "reason": why})
+        log.warning("gpuguard: from batch %d on, each batch of %d is split into %d "
+                    "micro-batches of at most %d (%s)", self._batches, self._batch,
+                    split, micro, why)
+
+    def _pieces(self, batch, split):
+        parts = _split.split(batch, split)
+        if len(parts) == 1:
+            return [MicroBatch(batch, 1.0, parts[0][1], 0, 1)]
+        n = float(sum(size for _, size in parts))
+        return [MicroBatch(data, size / n, size, i, len(parts))
+                for i, (data, size) in enumerate(parts)]
+
+    def microbatches(self, batch):
+        """The pieces to run for `batch`: a list of MicroBatch.
+
+        The batch is split along its first dimension: tensors (anything with
+        a shape), and nested dicts, lists and tuples of them; a list or tuple
+        with no tensor inside is a sequence of samples; other values go to
+        every piece. One piece (the batch itself, weight 1.0) until the shim
+        advises a smaller batch; then 2, 4, ... pieces, each with
+        ``weight = len(piece) / len(batch)``, so that the sum of
+        ``loss * mb.weight`` over the pieces has the gradient of the whole
+        batch's mean loss.
+
+        Each call is a batch boundary: the previous batch's step ends
+        (gpuguard_step), and a pending advice is applied here and only here
+        (acked, torch's CUDA cache emptied). In a torch.distributed job every
+        rank calls it for every batch: one all-reduce (MAX) of the split
+        makes every rank split alike, whichever rank was advised.
+        """
+        return self._pieces(batch, self._boundary())
+
+    def run(self, batch, step, zero_grad):
+        """Runs ``step(mb)`` (forward and backward of one micro-batch) for
+        every piece of `batch`, as microbatches() splits it.
+
+        On an out-of-memory error (a refusal by the shim or a real one:
+        torch.OutOfMemoryError, torch.cuda.OutOfMemoryError, or the
+        RuntimeError "CUDA out of memory" of older torch) it calls
+        ``zero_grad()``, halves the piece, and runs the whole batch again;
+        the split that worked stays for the following batches. At
+        min_batch_size (or when the batch cannot be split further) the error
+        is raised. Any other exception goes through untouched.
+
+        In a torch.distributed job the ranks agree on the outcome of every
+        attempt (one all-reduce): when any rank ran out of memory every rank
+        zeroes its gradients and redoes the batch with the same smaller
+        split, and when one gives up every rank raises. So `step` must not
+        synchronize the ranks itself before the batch's last piece (with
+        DistributedDataParallel: every piece but ``mb.last`` under
+        ``model.no_sync()``; an OOM inside the last piece's synchronizing
+        backward strands the other ranks in DDP's all-reduce).
+
+        Without the shim (and no active rank) it calls ``step`` once with the
+        whole batch and lets every exception through.
+        """
+        pieces = self.microbatches(batch)
+        while True:
+            need = fatal = None
+            try:
+                for mb in pieces:
+                    step(mb)
+            except Exception as e:
+                if not (self.active and _is_oom(e)):
+                    raise
+                self.ooms += 1
+                need = self._split_after_oom(batch, len(pieces))
+                if need is None:
+                    fatal = e  # raised once the other ranks know
+            # The failed attempt's frames (and their tensors) are gone here.
+            local = [need or 0, 1 if fatal is not None else 0,
+                     self._rank() + 1 if fatal is not None else 0]
+            agreed = self._agree(local)
+            need, gave_up, rank = agreed if agreed is not None else local
+            if gave_up:
+                if fatal is not None:
+                    raise fatal
+                raise _oom_error("gpuguard: rank %d ran out of memory at its smallest "
+                                 "micro-batch; every rank stops" % (rank - 1))
+            if not need:
+                return
+            zero_grad()
+            self._set_split(need, "out of memory" if need == local[0]
+                            else "another rank ran out of memory")
+            pieces = self._pieces(batch, self._split)
+
+    def _split_after_oom(self, batch, pieces):
+        """The split to retry with after an OOM (a pending advice is acked:
+        this shrink answers it), or None when no smaller piece is possible."""
+        with self._lock:
+            adv = self.advice()
+            self._flag = False
+            if adv is not None:
+                self._native.ack(adv["seq"])
+            n = _split.batch_length(batch)
+            if n is None or pieces >= n:
+                return None
+            split = self._split_for(adv["batch_size"] if adv else 0, halve=True)
+            return split if split > self._split else None
+
+    # --- trainers that rebuild their loader ----------------------------------
+
+    @property
+    def shrink_requested(self):
+        """True when an advice waits (or the shim's signal arrived): the
+        trainer should call accept() and rebuild its loader.
+
+        In a torch.distributed job reading it is a collective (one
+        all-reduce): True on every rank when any rank was advised, and the
+        ranks agree there on the batch accept() will return. So read it at
+        the same point on every rank, once per batch, as a training loop
+        does; accept() itself never communicates and may be called anywhere.
+        """
+        local = False
+        wanted, seq = self._batch, None
+        if self.active:
+            local = self._flag
+            adv = self.advice()
+            if adv is not None:
+                local, seq = True, adv["seq"]
+                wanted = self._accepted_batch(adv)
+        agreed = self._agree([1 if local else 0, -wanted])  # MAX of -b: the smallest b
+        if agreed is None:
+            self._agreed = None
+            return local
+        self._agreed = (-agreed[1], seq)
+        return bool(agreed[0])
+
+    def sync_shrink_requested(self):
+        """shrink_requested, by its explicit name: agreed over every rank in
+        a distributed job (collective), the local value otherwise."""
+        return self.shrink_requested
+
+    def _accepted_batch(self, adv):
+        advised = adv["batch_size"]
+        if advised <= 0:  # the shim did not know the batch: halve
+            advised = self._batch // 2
+        return min(self._batch, max(self._min, advised))
 
     def accept(self):
         """Shrink as advised; returns (batch_size, grad_accum) to run now.
 
-        Reads the pending advice, empties PyTorch's cache (when torch is
-        loaded and CUDA initialized), agrees with every rank on the smallest
-        batch when torch.distributed is initialized (collective: every rank
-        must call accept() at the same step), keeps batch x accum at least
-        the effective batch the guard started with, acks the advice and
-        tells the shim the new values."""
-        if not self.active:
-            self._flag = False
-            return self._batch, self._accum
+        Reads the pending advice, acks it, keeps batch x accum at least the
+        effective batch the guard started with, empties PyTorch's cache
+        (when torch is loaded and CUDA initialized) and tells the shim the
+        new values. In a distributed job it takes the batch every rank
+        agreed on when shrink_requested was last read, so every rank returns
+        the same values; it never communicates itself."""
         with self._lock:
-            torch = _torch()
-            adv = self._native.advice()
+            agreed, self._agreed = self._agreed, None
+            adv = self.advice()
             cur_b, cur_a = self._batch, self._accum
-            new_b = cur_b
-            if adv is not None:
-                advised = adv["batch_size"]
-                if advised <= 0:  # the shim did not know the batch: halve
-                    advised = cur_b // 2
-                new_b = min(cur_b, max(self._min, advised))
-                _empty_cache(torch)
-            agreed = _all_reduce_int(torch, new_b, "MIN")
             if agreed is not None:
-                new_b = max(1, min(new_b, agreed))
-                if adv is None and new_b != cur_b:
-                    _empty_cache(torch)
+                new_b = max(1, min(cur_b, agreed[0]))
+                if adv is not None and adv["seq"] != agreed[1]:
+                    adv = None  # came after the agreement: left for the next one
+            elif adv is not None:
+                new_b = self._accepted_batch(adv)
+            else:
+                new_b = cur_b
             if new_b == cur_b:
                 new_a = cur_a
             else:
-                new_a = max(1, -(-self._effective // new_b))
+                new_a = max(1, _ceil_div(self._effective, new_b))
                 if adv is not None and adv["batch_size"] == new_b:
                     new_a = max(new_a, adv["grad_accum"])
-            if adv is not None:
-                self._native.ack(adv["seq"])
-            if adv is not None or (new_b, new_a) != (cur_b, cur_a):
-                self._native.set_batch(new_b, new_a)
+            if adv is not None or new_b != cur_b:
+                _empty_cache(_torch())
+            if self.active:
+                if adv is not None:
+                    self._native.ack(adv["seq"])
+                if adv is not None or (new_b, new_a) != (cur_b, cur_a):
+                    self._native.set_batch(new_b, new_a)
             self._batch, self._accum = new_b, new_a
             self._flag = False
             return new_b, new_a
 
     def set_batch(self, batch_size, grad_accum=1):
         """Tell the guard (and the shim) that the trainer now runs this
-        batch; batch x accum becomes the effective batch to keep."""
+        batch; batch x accum becomes the effective batch to keep, and the
+        split starts again from one piece."""
         batch_size, grad_accum = int(batch_size), int(grad_accum)
         if batch_size < 1 or grad_accum < 1:
             raise ValueError("gpuguard: batch_size and grad_accum must be at least 1")
         with self._lock:
             self._batch, self._accum = batch_size, grad_accum
             self._effective = batch_size * grad_accum
+            self._split = 1
             if self.active:
                 self._native.set_batch(batch_size, grad_accum)
 
@@ -376,7 +671,8 @@ class Guard(object):
 
     def close(self):
         """Put back the signal handler the guard replaced; the guard is
-        inert afterwards."""
+        inert afterwards (in a distributed job it still takes part in the
+        ranks' agreement, so no other rank waits for it)."""
         if self._closed:
             return
         self._closed = True
@@ -402,5 +698,5 @@ class Guard(object):
         return False
 
     def __repr__(self):
-        return "<gpuguard.Guard %s batch_size=%d grad_accum=%d>" % (
-            "active" if self.active else "inert", self._batch, self._accum)
+        return "<gpuguard.Guard %s batch_size=%d grad_accum=%d split=%d>" % (
+            "active" if self.active else "inert", self._batch, self._accum, self._split)

@@ -2,67 +2,70 @@
 
 import logging
 
-from . import DEFAULT_SIGNAL, Guard
+from . import DEFAULT_SIGNAL, Guard, _split
 
 log = logging.getLogger("gpuguard")
 
 
-def set_attr(obj, name, value):
-    """obj.name = value, also on frozen dataclasses."""
-    try:
-        setattr(obj, name, value)
-    except Exception:
-        object.__setattr__(obj, name, value)
+class Splitter(object):
+    """The guard of one adapter: created at the first training batch (from
+    that batch's length) unless one was given, and asked for the pieces of
+    every batch."""
 
-
-class AdapterState(object):
-    """The guard of one callback, created when training starts unless given."""
-
-    def __init__(self, guard=None, min_batch_size=1, check_every=1,
-                 signal=DEFAULT_SIGNAL):
-        if int(check_every) < 1:
-            raise ValueError("gpuguard: check_every must be at least 1")
+    def __init__(self, guard=None, min_batch_size=1, signal=DEFAULT_SIGNAL):
+        if int(min_batch_size) < 1:
+            raise ValueError("gpuguard: min_batch_size must be at least 1")
         self.guard = guard
         self.min_batch_size = int(min_batch_size)
-        self.check_every = int(check_every)
         self.signal = signal
         self.owns_guard = False
-        self.steps = 0
-        self.history = []  # one dict per accepted shrink
+        self._warned = set()
+        self._closed_history = []
 
-    def start(self, batch_size, grad_accum):
+    @property
+    def history(self):
+        """The splits so far (see gpuguard.Guard.history), those of guards
+        already closed included."""
+        return self._closed_history + (list(self.guard.history) if self.guard is not None else [])
+
+    def pieces(self, batch, grad_accum):
+        """The micro-batches of `batch` (a batch boundary of the guard)."""
         if self.guard is None:
-            self.guard = Guard(batch_size, grad_accum or 1,
-                               min_batch_size=min(self.min_batch_size, batch_size),
-                               signal=self.signal)
+            n = _split.batch_length(batch) or 1
+            self.guard = Guard(n, max(1, int(grad_accum or 1)),
+                               min_batch_size=min(self.min_batch_size, n), signal=self.signal)
             self.owns_guard = True
-        return self.guard
+        return self.guard.microbatches(batch)
 
-    def step(self):
-        """(old, new) (batch, accum) pairs when a shrink was accepted at
-        this step, else None. In a distributed run the check is collective,
-        so every rank shrinks at the same step."""
-        guard = self.guard
-        if guard is None or not guard.active:
-            return None
-        self.steps += 1
-        if self.steps % self.check_every:
-            return None
-        if not guard.sync_shrink_requested():
-            return None
-        old = (guard.batch_size, guard.grad_accum)
-        adv = guard.advice()
-        new = guard.accept()
-        self.history.append({
-            "step": self.steps,
-            "old_batch_size": old[0], "old_grad_accum": old[1],
-            "batch_size": new[0], "grad_accum": new[1],
-            "reason": adv["reason"] if adv else None,
-        })
-        return old, new
+    def warn_once(self, key, message, *args):
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *args)
 
-    def stop(self):
+    def close(self):
         if self.owns_guard and self.guard is not None:
+            self._closed_history += self.guard.history
             self.guard.close()
             self.guard = None
             self.owns_guard = False
+
+
+class NoSync(object):
+    """Runs the enclosed forward and backward without gradient
+    synchronization: `context()` (a no_sync-like factory) when there is one,
+    else nothing."""
+
+    def __init__(self, context):
+        self._context = context
+        self._cm = None
+
+    def __enter__(self):
+        if self._context is not None:
+            self._cm = self._context()
+            self._cm.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._cm is not None:
+            return self._cm.__exit__(*exc)
+        return False

@@ -1,26 +1,33 @@
 """The C API of libgpuguard.so, seen through ctypes.
 
-The shim exports five functions (include/gpuguard.h). When it is preloaded
-they are in the process's global scope and ``ctypes.CDLL(None)`` finds them;
-when it is not, the lookup fails and the helper stays inert.
+The shim exports five functions (include/gpuguard.h) that every version has
+(FUNCTIONS) and, in newer versions, more (OPTIONAL: ``gpuguard_step``). When
+it is preloaded they are in the process's global scope and
+``ctypes.CDLL(None)`` finds them; when it is not, the lookup fails and the
+helper stays inert. A shim without an optional function is still the shim:
+calling that function through Native is then a no-op that returns False.
 
 Tests replace the library with ``set_library(obj)``: any object whose
 attributes ``gpuguard_stats``, ``gpuguard_advice``, ``gpuguard_ack``,
-``gpuguard_set_batch`` and ``gpuguard_note`` behave like the C functions
-(ctypes callbacks, or plain Python callables that take the same arguments:
-the out-parameters arrive as ctypes pointers). ``set_library(None)`` makes
-the shim look absent; ``reset_library()`` goes back to the real lookup.
+``gpuguard_set_batch`` and ``gpuguard_note`` (and optionally
+``gpuguard_step``) behave like the C functions (ctypes callbacks, or plain
+Python callables that take the same arguments: the out-parameters arrive as
+ctypes pointers). ``set_library(None)`` makes the shim look absent;
+``reset_library()`` goes back to the real lookup.
 """
 
 import ctypes
 
 __all__ = [
     "GpuguardStats", "GpuguardAdvice", "Native", "FUNCTIONS",
-    "load", "set_library", "reset_library",
+    "OPTIONAL", "load", "set_library", "reset_library",
 ]
 
 FUNCTIONS = ("gpuguard_stats", "gpuguard_advice", "gpuguard_ack",
              "gpuguard_set_batch", "gpuguard_note")
+
+#: Functions of newer shims; an older shim without them is still the shim.
+OPTIONAL = ("gpuguard_step",)
 
 
 class GpuguardStats(ctypes.Structure):
@@ -60,6 +67,7 @@ _SIGNATURES = {
     "gpuguard_ack": (None, [ctypes.c_uint]),
     "gpuguard_set_batch": (None, [ctypes.c_int, ctypes.c_int]),
     "gpuguard_note": (None, [ctypes.c_char_p]),
+    "gpuguard_step": (None, [ctypes.c_ulonglong]),
 }
 
 STATS_FIELDS = tuple(name for name, _ in GpuguardStats._fields_)
@@ -73,12 +81,18 @@ def _clamp_int(v):
 
 
 class Native(object):
-    """The five functions of a library object, with Python-friendly calls."""
+    """The functions of a library object, with Python-friendly calls. A
+    missing required function raises AttributeError; a missing optional one
+    is left out (``has(name)`` is False)."""
 
     def __init__(self, lib):
         self._fn = {}
-        for name in FUNCTIONS:
-            fn = getattr(lib, name)
+        for name in FUNCTIONS + OPTIONAL:
+            fn = getattr(lib, name, None)
+            if fn is None:
+                if name in OPTIONAL:
+                    continue
+                raise AttributeError(name)
             restype, argtypes = _SIGNATURES[name]
             try:
                 fn.restype = restype
@@ -125,14 +139,25 @@ class Native(object):
         text = bytes(text).replace(b"\0", b"")
         self._fn["gpuguard_note"](text)
 
+    def has(self, name):
+        return name in self._fn
+
+    def step(self, step):
+        """gpuguard_step(step) when the shim has it; True when called."""
+        fn = self._fn.get("gpuguard_step")
+        if fn is None:
+            return False
+        fn(max(0, int(step)) & 0xFFFFFFFFFFFFFFFF)
+        return True
+
 
 _UNSET = object()
 _override = _UNSET
 
 
 def set_library(lib):
-    """Use `lib` (an object with the five functions) instead of the real
-    lookup; None makes the shim look absent."""
+    """Use `lib` (an object with the five functions, and any of OPTIONAL)
+    instead of the real lookup; None makes the shim look absent."""
     global _override
     _override = lib
 

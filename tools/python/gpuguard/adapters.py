@@ -1,9 +1,13 @@
 """Trainer adapters: ``gpuguard.adapters.hf`` (Hugging Face Trainer) and
-``gpuguard.adapters.lightning`` (Lightning).
+``gpuguard.adapters.lightning`` (Lightning). Both split each training batch
+into micro-batches inside the training step when the shim advises a smaller
+batch; the dataloader, the batch size, the accumulation and so the samples
+per optimizer step stay as configured.
 
-Both modules import nothing heavy: their ``GpuguardCallback`` class is built
-on first use, from ``transformers.TrainerCallback`` or from
-``lightning.pytorch.Callback`` / ``pytorch_lightning.Callback``; using it
+Both modules import nothing heavy: ``hf.GpuguardTrainer`` is built on first
+use from ``transformers.Trainer`` (``hf.guard_trainer(trainer)`` needs no
+import at all), ``lightning.GpuguardCallback`` from
+``lightning.pytorch.Callback`` / ``pytorch_lightning.Callback``; using them
 without the framework installed raises ImportError. ``available()`` in each
 says whether the framework can be imported.
 

@@ -2,8 +2,9 @@
 tools/gpuguard-run, without the shim: a stand-in library made of ctypes
 callbacks plays libgpuguard.so's C API."""
 
+import collections
+import contextlib
 import ctypes
-import dataclasses
 import logging
 import os
 import shutil
@@ -25,7 +26,7 @@ if PYDIR not in sys.path:
     sys.path.insert(0, PYDIR)
 
 import gpuguard                                    # noqa: E402
-from gpuguard import _native                       # noqa: E402
+from gpuguard import _native, _split               # noqa: E402
 
 SIG = signal.SIGUSR2
 
@@ -205,6 +206,25 @@ class StructTest(unittest.TestCase):
         n.ack(3)
         n.note("a\0b")
         self.assertEqual(calls, [("set", 4, 2), ("ack", 3), ("note", b"ab")])
+
+    def test_optional_functions(self):
+        calls = []
+        base = dict(gpuguard_stats=lambda dev, out: -1, gpuguard_advice=lambda out: 0,
+                    gpuguard_ack=lambda seq: None, gpuguard_set_batch=lambda b, a: None,
+                    gpuguard_note=lambda text: None)
+        older = _native.Native(types.SimpleNamespace(**base))  # a shim before gpuguard_step
+        self.assertFalse(older.has("gpuguard_step"))
+        self.assertFalse(older.step(3))
+        newer = _native.Native(types.SimpleNamespace(gpuguard_step=calls.append, **base))
+        self.assertTrue(newer.has("gpuguard_step"))
+        self.assertTrue(newer.step(3))
+        self.assertEqual(calls, [3])
+        self.assertEqual(_native.OPTIONAL, ("gpuguard_step",))
+        _native.set_library(types.SimpleNamespace(**base))
+        try:
+            self.assertIsNotNone(_native.load())               # still the shim
+        finally:
+            _native.reset_library()
 
     def test_missing_function_means_absent(self):
         lib = types.SimpleNamespace(gpuguard_stats=lambda dev, out: -1)
@@ -414,21 +434,292 @@ class GuardTest(Base):
         self.assertIn("in ping", text.splitlines()[-2])
 
 
+class FakeArray(object):
+    """A tensor as the splitter sees one: a shape, and slices along dim 0."""
+
+    def __init__(self, rows, tail=()):
+        self.rows = list(rows)
+        self.shape = (len(self.rows),) + tuple(tail)
+
+    def __getitem__(self, index):
+        assert isinstance(index, slice)
+        return FakeArray(self.rows[index], self.shape[1:])
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __repr__(self):
+        return "FakeArray(%r)" % (self.rows,)
+
+
+class Scalar(object):
+    shape = ()  # a 0-dim tensor: not split
+
+
+class SplitTest(unittest.TestCase):
+    def rows(self, piece):
+        return piece.rows
+
+    def test_one_piece_is_the_batch_itself(self):
+        batch = {"x": FakeArray(range(8))}
+        self.assertEqual(_split.split(batch, 1), [(batch, 8)])
+        self.assertEqual(_split.split(42, 4), [(42, 1)])          # nothing to split
+        single = FakeArray([7])
+        self.assertEqual(_split.split(single, 4), [(single, 1)])  # one sample
+
+    def test_nearly_equal_consecutive_pieces(self):
+        parts = _split.split(FakeArray(range(10)), 4)
+        self.assertEqual([size for _, size in parts], [3, 3, 2, 2])
+        self.assertEqual([p.rows for p, _ in parts], [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]])
+        parts = _split.split(FakeArray(range(3)), 8)               # never an empty piece
+        self.assertEqual([p.rows for p, _ in parts], [[0], [1], [2]])
+
+    def test_nested_structures_keep_their_shape(self):
+        Pair = collections.namedtuple("Pair", "inputs labels")
+        batch = {"pair": Pair(FakeArray(range(4), (3,)), FakeArray("abcd")),
+                 "ids": [10, 11, 12, 13],                # a sequence of samples
+                 "names": ("a", "b", "c", "d"),
+                 "tag": "constant", "scale": Scalar(), "none": None,
+                 "other": FakeArray(range(7)),           # not the batch's length
+                 "short": [1, 2],                        # neither
+                 "nested": [{"m": FakeArray(range(4))}, 5]}
+        (a, na), (b, nb) = _split.split(batch, 2)
+        self.assertEqual((na, nb), (2, 2))
+        self.assertIsInstance(a["pair"], Pair)
+        self.assertEqual(a["pair"].inputs.rows, [0, 1])
+        self.assertEqual(a["pair"].inputs.shape, (2, 3))
+        self.assertEqual(b["pair"].labels.rows, ["c", "d"])
+        self.assertEqual(a["ids"], [10, 11])
+        self.assertEqual(b["names"], ("c", "d"))
+        for piece in (a, b):
+            self.assertEqual(piece["tag"], "constant")
+            self.assertIs(piece["scale"], batch["scale"])
+            self.assertIsNone(piece["none"])
+            self.assertIs(piece["other"], batch["other"])
+            self.assertIs(piece["short"], batch["short"])
+            self.assertEqual(piece["nested"][1], 5)
+        self.assertEqual(b["nested"][0]["m"].rows, [2, 3])
+
+    def test_mapping_types_and_plain_sequences(self):
+        class Encoding(collections.OrderedDict):
+            pass
+        parts = _split.split(Encoding(x=FakeArray(range(4))), 2)
+        self.assertTrue(all(type(p) is Encoding for p, _ in parts))
+        texts = ["one", "two", "three"]                  # no tensor: samples
+        self.assertEqual([p for p, _ in _split.split(texts, 2)], [["one", "two"], ["three"]])
+        self.assertEqual(_split.batch_length({"a": 1}), None)
+        self.assertEqual(_split.batch_length("a string"), None)
+        self.assertEqual(_split.batch_length({"k": [1, 2], "x": FakeArray(range(5))}), 5)
+
+
+class StepShim(FakeShim):
+    """A newer shim: gpuguard_step too."""
+
+    STEP = ctypes.CFUNCTYPE(None, ctypes.c_ulonglong)
+
+    def __init__(self, **kw):
+        super(StepShim, self).__init__(**kw)
+        self.steps = []
+        self.gpuguard_step = self.STEP(self.steps.append)
+
+
+class MicrobatchTest(Base):
+    def pieces(self, guard, n=32):
+        return guard.microbatches(FakeArray(range(n)))
+
+    def test_whole_batch_until_advised_then_halved_at_the_next_boundary(self):
+        g = self.guard(32, grad_accum=2)
+        batch = FakeArray(range(32))
+        (mb,) = g.microbatches(batch)
+        self.assertIs(mb.data, batch)
+        self.assertEqual((mb.weight, len(mb), mb.index, mb.count, mb.last), (1.0, 32, 0, 1, True))
+        self.fake.advise()                               # inside the batch: nothing changes yet
+        self.assertEqual(self.fake.acks, [])
+        with self.assertLogs("gpuguard", logging.WARNING) as logs:
+            pieces = self.pieces(g)
+        self.assertEqual([len(p) for p in pieces], [16, 16])
+        self.assertEqual([p.weight for p in pieces], [0.5, 0.5])
+        self.assertEqual([p.last for p in pieces], [False, True])
+        self.assertEqual(pieces[1].data.rows, list(range(16, 32)))
+        self.assertEqual(self.fake.acks, [1])
+        self.assertEqual(self.fake.set_calls[-1], (16, 4))  # micro-batch, accumulation x split
+        self.assertEqual((g.split, g.micro_batch_size, g.batch_size), (2, 16, 32))
+        self.assertIn("from batch 2 on, each batch of 32 is split into 2 micro-batches of "
+                      "at most 16 (advice #1, near_miss)", logs.output[0])
+        self.assertEqual(g.history, [{"batch": 2, "split": 2, "micro_batch_size": 16,
+                                      "reason": "advice #1, near_miss"}])
+        self.assertEqual(len(self.pieces(g)), 2)         # the split stays
+        self.fake.advise()
+        with self.assertLogs("gpuguard", logging.WARNING):
+            self.assertEqual([len(p) for p in self.pieces(g)], [8, 8, 8, 8])
+        self.assertEqual(self.fake.set_calls[-1], (8, 8))
+
+    def test_weights_of_uneven_pieces_add_up(self):
+        g = self.guard(10)
+        self.fake.advise(batch=3, accum=4)
+        with self.assertLogs("gpuguard", logging.WARNING):
+            pieces = g.microbatches(FakeArray(range(10)))
+        self.assertEqual([len(p) for p in pieces], [3, 3, 2, 2])
+        self.assertEqual([p.weight for p in pieces], [0.3, 0.3, 0.2, 0.2])
+        short = g.microbatches(FakeArray(range(5)))      # a last, short batch
+        self.assertEqual([p.weight for p in short], [0.4, 0.2, 0.2, 0.2])
+
+    def test_floor_stale_and_at_min_advice(self):
+        g = self.guard(8, min_batch_size=4)
+        self.fake.advise(batch=1, accum=8)               # below our floor
+        with self.assertLogs("gpuguard", logging.WARNING):
+            self.assertEqual(len(self.pieces(g, 8)), 2)
+        self.fake.advise(batch=8, accum=1)               # stale: never grows
+        self.assertEqual(len(self.pieces(g, 8)), 2)
+        self.fake.advise(reason="at_min", batch=4, accum=2)
+        self.assertEqual(len(self.pieces(g, 8)), 2)
+        self.assertEqual(self.fake.acks, [1, 2, 3])      # every advice answered
+        self.assertEqual(self.fake.set_calls[-1], (4, 2))
+        g2 = self.guard(12)
+        self.fake.advise(batch=0, accum=0)               # "halve whatever you use"
+        with self.assertLogs("gpuguard", logging.WARNING):
+            self.assertEqual([len(p) for p in self.pieces(g2, 12)], [6, 6])
+
+    def test_each_boundary_is_a_step_for_a_shim_that_has_gpuguard_step(self):
+        shim = StepShim()
+        _native.set_library(shim)
+        g = self.guard(4)
+        for _ in range(3):
+            g.microbatches(FakeArray(range(4)))
+        self.assertEqual(shim.steps, [1, 2])             # batches 1 and 2 ended
+        g.step()                                         # a hand-written loop's step
+        self.assertEqual(shim.steps, [1, 2, 3])
+        _native.set_library(self.fake)                   # an older shim: no gpuguard_step
+        g2 = self.guard(4)
+        self.assertFalse(g2._native.has("gpuguard_step"))
+        g2.microbatches([1, 2, 3, 4])
+        g2.microbatches([1, 2, 3, 4])
+        g2.step()
+
+    def test_empty_cache_when_the_split_changes(self):
+        torch = fake_torch()
+        with mock.patch.dict(sys.modules, {"torch": torch}):
+            g = self.guard(32)
+            self.pieces(g)
+            self.assertEqual(torch.calls, [])
+            self.fake.advise()
+            with self.assertLogs("gpuguard", logging.WARNING):
+                self.pieces(g)
+        self.assertEqual(torch.calls, ["empty_cache"])
+
+
+class OOM(RuntimeError):
+    """What torch 1.13 raises: a RuntimeError subclass."""
+
+
+class RunTest(Base):
+    def setUp(self):
+        super(RunTest, self).setUp()
+        self.torch = fake_torch()
+        self.torch.cuda.OutOfMemoryError = OOM
+        patch = mock.patch.dict(sys.modules, {"torch": self.torch})
+        patch.start()
+        self.addCleanup(patch.stop)
+
+    def trainer(self, limit, ooms=None):
+        """step() fails while a piece is larger than limit[0]."""
+        calls, zeroed = [], []
+
+        def step(mb):
+            calls.append(len(mb))
+            if len(mb) > limit[0]:
+                self.fake.advise(reason="refused")        # the shim advises on a refusal
+                raise (ooms or OOM)("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return calls, zeroed, step, lambda: zeroed.append(len(calls))
+
+    def test_halves_and_redoes_the_whole_batch_then_keeps_the_split(self):
+        g = self.guard(32)
+        calls, zeroed, step, zero = self.trainer([10])
+        with self.assertLogs("gpuguard", logging.WARNING) as logs:
+            g.run(FakeArray(range(32)), step, zero)
+        self.assertEqual(calls, [32, 16, 8, 8, 8, 8])
+        self.assertEqual(zeroed, [1, 2])                  # before each redo
+        self.assertEqual(g.ooms, 2)
+        self.assertEqual(self.fake.acks, [1, 2])          # the refusals' advice answered
+        self.assertIn("(out of memory)", logs.output[0])
+        del calls[:]
+        g.run(FakeArray(range(32)), step, zero)
+        self.assertEqual(calls, [8, 8, 8, 8])
+        self.assertEqual(g.ooms, 2)
+
+    def test_every_kind_of_oom(self):
+        class TorchOOM(Exception):
+            pass
+        self.torch.OutOfMemoryError = TorchOOM               # torch 2.x
+        for exc in (TorchOOM, OOM, RuntimeError):           # RuntimeError: torch < 1.13
+            g = self.guard(4)
+            calls, _, step, zero = self.trainer([2], exc)
+            with self.assertLogs("gpuguard", logging.WARNING):
+                g.run(FakeArray(range(4)), step, zero)
+            self.assertEqual(calls, [4, 2, 2], exc)
+
+    def test_raises_at_min_batch_size_and_lets_other_errors_through(self):
+        g = self.guard(8, min_batch_size=4)
+        calls, zeroed, step, zero = self.trainer([1])
+        with self.assertLogs("gpuguard", logging.WARNING):
+            with self.assertRaises(OOM):
+                g.run(FakeArray(range(8)), step, zero)
+        self.assertEqual(calls, [8, 4])
+        self.assertEqual(zeroed, [1])
+        g2 = self.guard(8)
+
+        def broken(mb):
+            raise ValueError("not a memory problem")
+        with self.assertRaises(ValueError):
+            g2.run(FakeArray(range(8)), broken, zero)
+        g3 = self.guard(8)
+        calls, _, step, zero = self.trainer([0])
+        with self.assertLogs("gpuguard", logging.WARNING):
+            with self.assertRaises(OOM):                  # down to one sample, then raised
+                g3.run(FakeArray(range(8)), step, zero)
+        self.assertEqual(calls, [8, 4, 2, 1])
+        g4 = self.guard(8)
+        with self.assertRaises(OOM):                      # nothing to split
+            g4.run(7, step, zero)
+
+
+class InertLoopTest(Base):
+    def test_no_shim_changes_nothing(self):
+        _native.set_library(None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            g = gpuguard.Guard(32)
+            batch = FakeArray(range(32))
+            (mb,) = g.microbatches(batch)
+            calls = []
+            g.run(batch, calls.append, lambda: calls.append("zero"))
+            with self.assertRaises(OOM):                   # no OOM handling either
+                g.run(batch, lambda mb: (_ for _ in ()).throw(OOM("CUDA out of memory")),
+                      lambda: None)
+        self.assertEqual(len(caught), 1)
+        self.assertIs(mb.data, batch)
+        self.assertEqual(mb.weight, 1.0)
+        self.assertEqual(len(calls), 1)
+        self.assertIs(calls[0].data, batch)
+        self.assertEqual((g.split, g.history, g.ooms), (1, [], 0))
+
+
 class FakeTensor(object):
     def __init__(self, values):
         self.values = list(values)
 
-    def item(self):
-        assert len(self.values) == 1
-        return self.values[0]
+    def tolist(self):
+        return list(self.values)
 
 
-def fake_torch(other_rank_value=None, cuda_initialized=True):
-    """A torch stand-in: cuda cache, and a process group of two ranks where
-    the other rank contributes `other_rank_value` to every all_reduce."""
+def fake_torch(other=None, cuda_initialized=True, backend="gloo"):
+    """A torch stand-in: CUDA's cache, and with `other` a process group of
+    two ranks where the other rank contributes other(values) to each
+    all_reduce (element-wise MAX)."""
     torch = types.ModuleType("torch")
     torch.int64 = "int64"
     torch.calls = []
+    torch.reduced = []
     torch.cuda = types.SimpleNamespace(
         is_initialized=lambda: cuda_initialized,
         empty_cache=lambda: torch.calls.append("empty_cache"),
@@ -438,21 +729,137 @@ def fake_torch(other_rank_value=None, cuda_initialized=True):
         torch.calls.append(("tensor", device))
         return FakeTensor(values)
     torch.tensor = tensor
-    ops = types.SimpleNamespace(MIN="min", MAX="max")
 
     def all_reduce(t, op=None):
-        torch.calls.append(("all_reduce", op, t.values[0]))
-        other = other_rank_value(op) if callable(other_rank_value) else other_rank_value
-        t.values[0] = (min if op == "min" else max)(t.values[0], other)
+        assert op == "max"
+        mine = list(t.values)
+        theirs = other(mine)
+        torch.reduced.append((mine, theirs))
+        t.values = [max(a, b) for a, b in zip(mine, theirs)]
     torch.distributed = types.SimpleNamespace(
         is_available=lambda: True,
-        is_initialized=lambda: other_rank_value is not None,
-        get_backend=lambda: "nccl",
-        all_reduce=all_reduce, ReduceOp=ops)
+        is_initialized=lambda: other is not None,
+        get_backend=lambda: backend, get_rank=lambda: 0,
+        all_reduce=all_reduce, ReduceOp=types.SimpleNamespace(MAX="max"))
     return torch
 
 
-class TorchTest(Base):
+class DistTest(Base):
+    """One rank's guard against a simulated other rank."""
+
+    def patch(self, other, **kw):
+        torch = fake_torch(other, **kw)
+        p = mock.patch.dict(sys.modules, {"torch": torch})
+        p.start()
+        self.addCleanup(p.stop)
+        return torch
+
+    def test_the_split_is_agreed_every_batch_with_one_all_reduce(self):
+        theirs = [1]
+        torch = self.patch(lambda mine: [1, theirs[0]])
+        g = self.guard(32)
+        self.assertEqual(len(g.microbatches(FakeArray(range(32)))), 1)
+        theirs[0] = 4                                    # the other rank was advised
+        with self.assertLogs("gpuguard", logging.WARNING) as logs:
+            self.assertEqual(len(g.microbatches(FakeArray(range(32)))), 4)
+        self.assertIn("(another rank was advised)", logs.output[0])
+        self.assertEqual(self.fake.set_calls[-1], (8, 4))
+        self.fake.advise(batch=16, accum=2)              # stale: we would take 2 of 16
+        self.assertEqual(len(g.microbatches(FakeArray(range(32)))), 4)
+        self.assertEqual(self.fake.acks, [1])
+        self.assertEqual([m for m, _ in torch.reduced], [[1, 1], [1, 1], [1, 4]])
+        self.assertIn(("tensor", "cpu"), torch.calls)
+
+    def test_nccl_reduces_on_the_gpu(self):
+        torch = self.patch(lambda mine: [1, 1], backend="nccl")
+        self.guard(8).microbatches([1] * 8)
+        self.assertIn(("tensor", "cuda:0"), torch.calls)
+
+    def test_a_rank_without_the_shim_takes_part_and_follows(self):
+        torch = self.patch(lambda mine: [1, 2])
+        _native.set_library(None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            g = gpuguard.Guard(8)
+        with self.assertLogs("gpuguard", logging.WARNING):
+            self.assertEqual(len(g.microbatches(FakeArray(range(8)))), 2)
+        self.assertEqual(torch.reduced[0][0], [0, 1])   # inert, wants one piece
+
+    def test_no_active_rank_stops_asking_after_the_first_batch(self):
+        torch = self.patch(lambda mine: [0, 1])
+        _native.set_library(None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            g = gpuguard.Guard(8)
+        for _ in range(5):
+            self.assertEqual(len(g.microbatches(FakeArray(range(8)))), 1)
+        self.assertFalse(g.shrink_requested)
+        self.assertEqual(len(torch.reduced), 1)
+
+    def test_run_redoes_the_batch_when_another_rank_ran_out(self):
+        outcomes = [[1, 2, 0, 0], [1, 0, 0, 0]]          # out of memory, then fine
+
+        def other(mine):
+            if len(mine) == 2:                            # the split, at the boundary
+                return [1, 1]
+            return outcomes.pop(0)                        # an attempt's outcome
+        torch = self.patch(other)
+        g = self.guard(8)
+        calls, zeroed = [], []
+        with self.assertLogs("gpuguard", logging.WARNING) as logs:
+            g.run(FakeArray(range(8)), lambda mb: calls.append(len(mb)),
+                  lambda: zeroed.append(len(calls)))
+        self.assertEqual(calls, [8, 4, 4])               # the whole batch again, in 2 pieces
+        self.assertEqual(zeroed, [1])
+        self.assertIn("(another rank ran out of memory)", logs.output[0])
+        self.assertEqual((g.split, g.ooms), (2, 0))
+        self.assertEqual([m for m, _ in torch.reduced], [[1, 1], [1, 0, 0, 0], [1, 0, 0, 0]])
+
+    def test_run_raises_everywhere_when_one_rank_gives_up(self):
+        def other(mine):
+            return [1, 1] if len(mine) == 2 else [1, 0, 1, 2]   # rank 1 gave up
+        self.patch(other)
+        self.torch_oom = None
+        g = self.guard(8)
+        with self.assertRaises(RuntimeError) as cm:
+            g.run(FakeArray(range(8)), lambda mb: None, lambda: None)
+        self.assertIn("rank 1 ran out of memory", str(cm.exception))
+
+    def test_shrink_requested_is_the_collective_accept_is_not(self):
+        torch = self.patch(lambda mine: [1, 0, -8])    # the other rank wants 8, not advised
+        g = self.guard(32, grad_accum=1)
+        self.fake.advise()                              # we want 16
+        self.assertTrue(g.shrink_requested)
+        self.assertEqual(len(torch.reduced), 1)
+        self.assertEqual(g.accept(), (8, 4))            # the agreed batch, no all-reduce
+        self.assertEqual(len(torch.reduced), 1)
+        self.assertEqual(self.fake.acks, [1])
+        self.assertEqual(self.fake.set_calls[-1], (8, 4))
+        self.assertEqual(g.accept(), (8, 4))            # accept() alone: local, no collective
+        self.assertEqual(len(torch.reduced), 1)
+
+    def test_a_rank_without_advice_follows_and_one_advised_late_waits(self):
+        torch = self.patch(lambda mine: [1, 1, -8])     # the other rank was advised to 8
+        g = self.guard(16, grad_accum=2)
+        self.assertTrue(g.sync_shrink_requested())
+        self.fake.advise()                              # arrives after the agreement
+        self.assertEqual(g.accept(), (8, 4))
+        self.assertEqual(self.fake.acks, [])            # left for the next agreement
+        self.assertIn("empty_cache", torch.calls)
+
+
+class NoProcessGroupTest(Base):
+    def test_local_without_process_group(self):
+        torch = fake_torch(other=None)
+        with mock.patch.dict(sys.modules, {"torch": torch}):
+            g = self.guard(16)
+            self.assertFalse(g.shrink_requested)
+            self.fake.advise()
+            self.assertTrue(g.sync_shrink_requested())
+            self.assertEqual(g.accept(), (8, 2))
+            g.microbatches([1] * 16)
+        self.assertEqual(torch.reduced, [])
+
     def test_empty_cache_when_cuda_initialized(self):
         torch = fake_torch()
         with mock.patch.dict(sys.modules, {"torch": torch}):
@@ -468,37 +875,6 @@ class TorchTest(Base):
             self.fake.advise()
             self.assertEqual(g.accept(), (16, 2))
         self.assertEqual(torch.calls, [])
-
-    def test_ranks_agree_on_the_smallest_batch(self):
-        torch = fake_torch(other_rank_value=lambda op: 4 if op == "min" else 1)
-        with mock.patch.dict(sys.modules, {"torch": torch}):
-            g = self.guard(32, grad_accum=1)
-            self.fake.advise()
-            self.assertEqual(g.accept(), (4, 8))
-        self.assertIn(("all_reduce", "min", 16), torch.calls)
-        self.assertIn(("tensor", "cuda:0"), torch.calls)
-        self.assertEqual(self.fake.acks, [1])
-        self.assertEqual(self.fake.set_calls[-1], (4, 8))
-
-    def test_rank_without_advice_follows_the_others(self):
-        torch = fake_torch(other_rank_value=lambda op: 8 if op == "min" else 1)
-        with mock.patch.dict(sys.modules, {"torch": torch}):
-            g = self.guard(16, grad_accum=2)
-            self.assertFalse(g.shrink_requested)
-            self.assertTrue(g.sync_shrink_requested())     # another rank was advised
-            self.assertEqual(g.accept(), (8, 4))
-        self.assertEqual(self.fake.acks, [])
-        self.assertIn("empty_cache", torch.calls)
-        self.assertEqual(self.fake.set_calls[-1], (8, 4))
-
-    def test_sync_shrink_requested_local_only_without_process_group(self):
-        torch = fake_torch(other_rank_value=None)
-        with mock.patch.dict(sys.modules, {"torch": torch}):
-            g = self.guard(16)
-            self.assertFalse(g.sync_shrink_requested())
-            self.fake.advise()
-            self.assertTrue(g.sync_shrink_requested())
-        self.assertNotIn("all_reduce", [c[0] for c in torch.calls if isinstance(c, tuple)])
 
 
 class ImportTest(unittest.TestCase):
@@ -518,44 +894,61 @@ class ImportTest(unittest.TestCase):
 
 
 # --- adapters -------------------------------------------------------------
+#
+# Their arithmetic runs against real torch and faithful stand-ins of the
+# libraries in tests/e2e/test_helper_torch.py; here, without torch, what
+# they call and when.
 
-class TrainerCallback(object):
-    """transformers.TrainerCallback, as far as the adapter needs it."""
+class Loss(float):
+    """A loss without torch: multiplies and adds like a tensor."""
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        pass
+    def __mul__(self, other):
+        return Loss(float(self) * other)
+
+    def __add__(self, other):
+        return Loss(float(self) + float(other))
+
+    def __truediv__(self, other):
+        return Loss(float(self) / other)
+
+    def detach(self):
+        return self
 
 
-class LightningCallback(object):
-    def __init__(self):
-        self.base_init = True
+class FakeHFTrainer(object):
+    """transformers.Trainer's training_step / compute_loss contract."""
+
+    def __init__(self, model=None, args=None, **kwargs):
+        self.args = args
+        self.model_accepts_loss_kwargs = kwargs.get("accepts", False)
+        self.compute_loss_func = None
+        self.syncs = []
+        self.backward = []
+        self.accelerator = types.SimpleNamespace(no_sync=self.no_sync)
+
+    @contextlib.contextmanager
+    def no_sync(self, model):
+        self.syncs.append("no_sync")
+        yield
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        if not self.model_accepts_loss_kwargs or num_items_in_batch is None:
+            loss = loss / self.args.gradient_accumulation_steps
+        self.backward.append(float(loss))
+        return loss.detach()
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = Loss(sum(inputs) / float(len(inputs)))  # a mean over the batch
+        if num_items_in_batch is not None and self.model_accepts_loss_kwargs:
+            loss = Loss(sum(inputs) / float(num_items_in_batch))
+        return (loss, "outputs") if return_outputs else loss
 
 
 def fake_transformers():
     m = types.ModuleType("transformers")
-    m.TrainerCallback = TrainerCallback
+    m.Trainer = FakeHFTrainer
     return m
-
-
-def fake_lightning(name="lightning.pytorch"):
-    mods = {}
-    if name == "lightning.pytorch":
-        top = types.ModuleType("lightning")
-        sub = types.ModuleType("lightning.pytorch")
-        sub.Callback = LightningCallback
-        top.pytorch = sub
-        mods = {"lightning": top, "lightning.pytorch": sub}
-    else:
-        m = types.ModuleType("pytorch_lightning")
-        m.Callback = LightningCallback
-        mods = {"pytorch_lightning": m, "lightning": None, "lightning.pytorch": None}
-    return mods
-
-
-@dataclasses.dataclass(frozen=True)
-class FrozenArgs(object):
-    per_device_train_batch_size: int = 32
-    gradient_accumulation_steps: int = 1
 
 
 class HFAdapterTest(Base):
@@ -565,61 +958,123 @@ class HFAdapterTest(Base):
         self.hf = hf
         hf._reset()
         self.addCleanup(hf._reset)
+        self.args = types.SimpleNamespace(per_device_train_batch_size=4,
+                                          gradient_accumulation_steps=2)
 
-    def test_callback(self):
+    def test_pieces_are_weighted_and_synchronized_once(self):
+        trainer = self.hf.guard_trainer(FakeHFTrainer(args=self.args))
+        batch = [1.0, 2.0, 3.0, 6.0]
+        self.assertEqual(trainer.training_step("model", batch), 1.5)   # mean 3 / accum 2
+        self.assertEqual(trainer.gpuguard.guard.batch_size, 4)         # registered from the batch
+        self.assertEqual(self.fake.set_calls, [(4, 2)])
+        self.fake.advise()
+        with self.assertLogs("gpuguard", logging.WARNING):
+            loss = trainer.training_step("model", batch)
+        self.assertEqual(loss, 1.5)                                     # the batch's loss
+        self.assertEqual(trainer.backward[-2:], [0.375, 1.125])         # 1.5 x 0.5 / 2, 4.5 x 0.5 / 2
+        self.assertEqual(trainer.syncs, ["no_sync"])                    # all but the last piece
+        self.assertNotIn("compute_loss", trainer.__dict__)
+        self.assertEqual((self.args.per_device_train_batch_size,
+                          self.args.gradient_accumulation_steps), (4, 2))
+
+    def test_loss_normalized_by_num_items_is_not_weighted(self):
+        trainer = self.hf.guard_trainer(FakeHFTrainer(args=self.args, accepts=True))
+        batch = [1.0, 2.0, 3.0, 6.0]
+        trainer.training_step("model", batch, 8)                        # the first batch: whole
+        self.fake.advise(batch=2, accum=4)
+        with self.assertLogs("gpuguard", logging.WARNING):
+            loss = trainer.training_step("model", batch, 8)
+        self.assertEqual(trainer.backward[-2:], [3 / 8.0, 9 / 8.0])
+        self.assertEqual(loss, 12 / 8.0)
+
+    def test_a_subclass_compute_loss_is_the_one_weighted(self):
+        class Own(FakeHFTrainer):
+            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                return Loss(max(inputs))
+        trainer = self.hf.guard_trainer(Own(args=self.args))
+        trainer.training_step("model", [1.0, 2.0, 3.0, 6.0])
+        self.fake.advise()
+        with self.assertLogs("gpuguard", logging.WARNING):
+            trainer.training_step("model", [1.0, 2.0, 3.0, 6.0])
+        self.assertEqual(trainer.backward[-2:], [0.5, 1.5])            # max x 0.5 / 2
+
+    def test_deepspeed_is_left_alone_with_one_warning(self):
+        trainer = self.hf.guard_trainer(FakeHFTrainer(args=self.args))
+        trainer.is_deepspeed_enabled = True
+        self.fake.advise()
+        with self.assertLogs("gpuguard", logging.WARNING) as logs:
+            trainer.training_step("model", [1.0, 2.0])
+            trainer.training_step("model", [1.0, 2.0])
+        self.assertEqual(len(logs.output), 1)
+        self.assertIn("DeepSpeed", logs.output[0])
+        self.assertEqual(len(trainer.backward), 2)
+        self.assertIsNone(trainer.gpuguard.guard)
+
+    def test_trainer_class_built_on_first_use(self):
         with mock.patch.dict(sys.modules, {"transformers": fake_transformers()}):
             self.assertTrue(self.hf.available())
-            from gpuguard.adapters.hf import GpuguardCallback
-            self.assertTrue(issubclass(GpuguardCallback, TrainerCallback))
-            cb = GpuguardCallback()
-            args = types.SimpleNamespace(per_device_train_batch_size=32,
-                                         gradient_accumulation_steps=1)
-            state = types.SimpleNamespace(global_step=7)
-            control = object()
-            self.assertIs(cb.on_train_begin(args, state, control), control)
-            self.assertEqual(self.fake.set_calls, [(32, 1)])
-            self.assertIs(cb.on_step_end(args, state, control), control)
-            self.assertEqual(args.per_device_train_batch_size, 32)
-            self.fake.advise()
-            with self.assertLogs("gpuguard", logging.WARNING) as logs:
-                cb.on_step_end(args, state, control)
-            self.assertEqual((args.per_device_train_batch_size,
-                              args.gradient_accumulation_steps), (16, 2))
-            self.assertIn("step 7", logs.output[0])
-            self.assertIn("32 -> 16", logs.output[0])
-            self.assertEqual(self.fake.acks, [1])
-            self.assertEqual(cb.history[0]["reason"], "near_miss")
-            self.assertNotEqual(signal.getsignal(SIG), self.saved_handler)
-            cb.on_train_end(args, state, control)
-            self.assertIsNone(cb.guard)
-            self.assertEqual(signal.getsignal(SIG), self.saved_handler)
+            trainer = self.hf.GpuguardTrainer(args=self.args, gpuguard_min_batch_size=2)
+            self.assertIsInstance(trainer, FakeHFTrainer)
+            self.assertEqual(trainer.gpuguard.min_batch_size, 2)
+            self.assertIs(self.hf.guard_trainer(trainer), trainer)     # once only
 
-    def test_given_guard_frozen_args_and_check_every(self):
-        with mock.patch.dict(sys.modules, {"transformers": fake_transformers()}):
-            from gpuguard.adapters.hf import GpuguardCallback
-            g = self.guard(32)
-            cb = GpuguardCallback(guard=g, check_every=2)
-            args = FrozenArgs()
-            state = types.SimpleNamespace(global_step=1)
-            cb.on_train_begin(args, state, None)
-            self.assertIs(cb.guard, g)
-            self.fake.advise()
-            with self.assertLogs("gpuguard", logging.WARNING):
-                cb.on_step_end(args, state, None)          # step 1: not checked
-                self.assertEqual(args.per_device_train_batch_size, 32)
-                cb.on_step_end(args, state, None)          # step 2: checked
-            self.assertEqual((args.per_device_train_batch_size,
-                              args.gradient_accumulation_steps), (16, 2))
-            cb.on_train_end(args, state, None)
-            self.assertTrue(g.active)                       # not ours to close
-
-    def test_without_transformers(self):
+    def test_without_transformers_and_the_old_callback(self):
         with mock.patch.dict(sys.modules, {"transformers": None}):
             self.assertFalse(self.hf.available())
             with self.assertRaises(ImportError):
-                self.hf.GpuguardCallback
-            with self.assertRaises(ImportError):
-                from gpuguard.adapters.hf import GpuguardCallback  # noqa: F401
+                self.hf.GpuguardTrainer
+        with self.assertRaises(AttributeError) as cm:
+            self.hf.GpuguardCallback
+        self.assertIn("GpuguardTrainer or guard_trainer", str(cm.exception))
+
+
+class LightningCallback(object):
+    def __init__(self):
+        self.base_init = True
+
+
+def fake_lightning(name="lightning.pytorch"):
+    if name == "lightning.pytorch":
+        top = types.ModuleType("lightning")
+        sub = types.ModuleType("lightning.pytorch")
+        sub.Callback = LightningCallback
+        top.pytorch = sub
+        return {"lightning": top, "lightning.pytorch": sub}
+    m = types.ModuleType("pytorch_lightning")
+    m.Callback = LightningCallback
+    return {"pytorch_lightning": m, "lightning": None, "lightning.pytorch": None}
+
+
+class FakeStrategy(object):
+    handles_gradient_accumulation = False
+
+    def __init__(self):
+        self.calls = []
+
+    def training_step(self, batch, batch_idx):
+        self.calls.append(("step", list(batch), self.blocked))
+        return Loss(sum(batch))
+
+    def backward(self, loss, optimizer, *args):
+        self.calls.append(("backward", float(loss), self.blocked))
+
+    blocked = False
+
+    @contextlib.contextmanager
+    def block_backward_sync(self):
+        self.blocked = True
+        yield
+        self.blocked = False
+
+
+class FakeModule(object):
+    automatic_optimization = True
+
+    def __init__(self):
+        self.zeroed = []
+
+    def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+        self.zeroed.append(batch_idx)
 
 
 class LightningAdapterTest(Base):
@@ -630,51 +1085,64 @@ class LightningAdapterTest(Base):
         lightning._reset()
         self.addCleanup(lightning._reset)
 
-    def run_callback(self, modname):
+    def fit(self, modname="lightning.pytorch", module=None, strategy=None):
         with mock.patch.dict(sys.modules, fake_lightning(modname)):
             self.assertTrue(self.pl.available())
             from gpuguard.adapters.lightning import GpuguardCallback
             self.assertTrue(issubclass(GpuguardCallback, LightningCallback))
             cb = GpuguardCallback()
-            self.assertTrue(cb.base_init)
-            dm = types.SimpleNamespace(batch_size=32)
-            trainer = types.SimpleNamespace(accumulate_grad_batches=2, datamodule=dm)
-            module = types.SimpleNamespace(batch_size=32, hparams={})
-            cb.on_train_start(trainer, module)
-            self.assertEqual(self.fake.set_calls, [(32, 2)])
-            cb.on_train_batch_end(trainer, module, None, None, 0)
-            self.assertEqual(trainer.accumulate_grad_batches, 2)
-            self.fake.advise()
-            with self.assertLogs("gpuguard", logging.WARNING):
-                cb.on_train_batch_end(trainer, module, None, None, 1)
-            self.assertEqual(trainer.accumulate_grad_batches, 4)
-            self.assertEqual(dm.batch_size, 16)
-            self.assertEqual(module.batch_size, 16)
-            self.assertEqual(self.fake.acks, [1])
-            cb.on_train_end(trainer, module)
-            self.assertIsNone(cb.guard)
-            self.assertEqual(signal.getsignal(SIG), self.saved_handler)
+        self.assertTrue(cb.base_init)
+        strategy = strategy or FakeStrategy()
+        module = module or FakeModule()
+        trainer = types.SimpleNamespace(strategy=strategy, accumulate_grad_batches=2,
+                                        optimizers=["opt"], current_epoch=0)
+        cb.on_train_start(trainer, module)
+        return cb, trainer, module, strategy
 
-    def test_lightning_pytorch(self):
-        self.run_callback("lightning.pytorch")
+    def test_wraps_the_strategy_step_for_the_fit(self):
+        cb, trainer, module, strategy = self.fit()
+        step = trainer.strategy.training_step
+        self.assertEqual(step([1, 2, 3, 4], 0), 10)                    # whole, registered
+        self.assertEqual(self.fake.set_calls, [(4, 2)])
+        self.fake.advise()
+        with self.assertLogs("gpuguard", logging.WARNING):
+            loss = step([1, 2, 3, 4], 2)                                # first of a cycle
+        self.assertEqual(loss, 5.0)                                     # 3 x .5 + 7 x .5
+        self.assertEqual(strategy.calls[1:], [("step", [1, 2], True), ("backward", 0.75, True),
+                                              ("step", [3, 4], False)])
+        self.assertEqual(module.zeroed, [2])                            # zeroed before the pieces
+        module.optimizer_zero_grad(0, 2, "opt")                         # Lightning's own call passes
+        self.assertEqual(module.zeroed, [2])
+        module.optimizer_zero_grad(0, 4, "opt")
+        self.assertEqual(module.zeroed, [2, 4])
+        step([1, 2, 3, 4], 3)                                           # not first: no zeroing
+        self.assertEqual(module.zeroed, [2, 4])
+        self.assertEqual(trainer.accumulate_grad_batches, 2)
+        cb.on_train_end(trainer, module)
+        self.assertNotIn("training_step", strategy.__dict__)
+        self.assertNotIn("optimizer_zero_grad", module.__dict__)
+        self.assertIsNone(cb.guard)
+        self.assertEqual(len(cb.history), 1)
+        self.assertEqual(signal.getsignal(SIG), self.saved_handler)
 
     def test_pytorch_lightning_fallback(self):
-        self.run_callback("pytorch_lightning")
+        cb, trainer, module, strategy = self.fit("pytorch_lightning")
+        cb.teardown(trainer, module, "fit")
+        self.assertNotIn("training_step", strategy.__dict__)
 
-    def test_batch_size_from_hparams_or_inert(self):
-        with mock.patch.dict(sys.modules, fake_lightning()):
-            from gpuguard.adapters.lightning import GpuguardCallback
-            cb = GpuguardCallback()
-            trainer = types.SimpleNamespace(accumulate_grad_batches=1, datamodule=None)
-            module = types.SimpleNamespace(hparams={"batch_size": 12})
-            cb.on_train_start(trainer, module)
-            self.assertEqual(self.fake.set_calls, [(12, 1)])
-            cb.on_train_end(trainer, module)
-            cb2 = GpuguardCallback()
-            with self.assertLogs("gpuguard", logging.WARNING):
-                cb2.on_train_start(trainer, types.SimpleNamespace())
-            self.assertIsNone(cb2.guard)
-            cb2.on_train_batch_end(trainer, None, None, None, 0)   # inert, no error
+    def test_manual_optimization_and_deepspeed_are_left_alone(self):
+        module = FakeModule()
+        module.automatic_optimization = False
+        with self.assertLogs("gpuguard", logging.WARNING) as logs:
+            cb, trainer, module, strategy = self.fit(module=module)
+        self.assertIn("manual optimization", logs.output[0])
+        self.assertNotIn("training_step", strategy.__dict__)
+        strategy = FakeStrategy()
+        strategy.handles_gradient_accumulation = True
+        with self.assertLogs("gpuguard", logging.WARNING) as logs:
+            self.fit(strategy=strategy)
+        self.assertIn("FakeStrategy accumulates gradients itself", logs.output[0])
+        self.assertNotIn("training_step", strategy.__dict__)
 
     def test_without_lightning(self):
         with mock.patch.dict(sys.modules, {"lightning": None, "lightning.pytorch": None,
