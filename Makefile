@@ -62,7 +62,7 @@ $(BUILD)/shim/%.o: shim/%.c shim/*.h shim/*.def include/gpuguard.h | $(BUILD)/sh
 
 $(SHIM_LIB): $(SHIM_OBJ) $(SHIM_MAP) shim/LAYERS tools/layers.py
 	$(CC) -shared -o $@ $(SHIM_OBJ) $(LDFLAGS) -Wl,-z,defs -Wl,-z,nodelete -Wl,--as-needed \
-	  -Wl,--version-script=$(SHIM_MAP) $(DEP_LIBS) -ldl -lpthread
+	  -Wl,--version-script=$(SHIM_MAP) $(DEP_LIBS) -ldl -lpthread -lm
 	@! readelf -d $@ | grep -Eq 'NEEDED.*lib(cudart|cuda|unwind)\.so' || \
 	  { echo "gpuguard: $@ must not need libcudart, libcuda or libunwind" >&2; rm -f $@; exit 1; }
 	@$(PYTHON) tools/layers.py shim/LAYERS $(SHIM_OBJ) || { rm -f $@; exit 1; }
@@ -83,7 +83,7 @@ UNIT_SRC  := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/unit/%,$(UNIT_SRC))
 $(BUILD)/tests/unit/%: tests/unit/%.c tests/unit/unit.h $(CORE_LIB) | $(BUILD)/tests/unit
 	$(CC) $(CFLAGS) -Iinclude -Ishim $(CUDA_INC) $(DEP_CFLAGS) $< $(CORE_LIB) -o $@ \
-	  $(LDFLAGS) $(DEP_LIBS) -ldl -lpthread
+	  $(LDFLAGS) $(DEP_LIBS) -ldl -lpthread -lm
 
 # Test programs: ordinary CUDA applications, linked against the fake runtime.
 PROG_SRC  := $(sort $(wildcard tests/progs/*.c))

@@ -9,7 +9,8 @@
 #include "prim.h"
 
 static const char *const reason_names[] = {
-    [GG_REASON_NEAR_MISS] = "near_miss", [GG_REASON_REFUSED] = "refused", [GG_REASON_OOM] = "oom"};
+    [GG_REASON_NEAR_MISS] = "near_miss", [GG_REASON_REFUSED] = "refused", [GG_REASON_OOM] = "oom",
+    [GG_REASON_FORECAST] = "forecast"};
 
 /* The trainer's state and the advice waiting for its ack. */
 static gg_spin lock = GG_SPIN_INIT;
@@ -85,7 +86,9 @@ bool gg_advice_raise(int dev, enum gg_reason why, const struct gg_trainer_policy
 {
     sigset_t saved;
     lock_take(&saved);
-    if (why == GG_REASON_NEAR_MISS && disarmed) {
+    /* A zone entry, or the trend saying one is coming: once per ack. */
+    bool zone = why == GG_REASON_NEAR_MISS || why == GG_REASON_FORECAST;
+    if (zone && disarmed) {
         lock_drop(&saved);
         return false;
     }
@@ -102,7 +105,7 @@ bool gg_advice_raise(int dev, enum gg_reason why, const struct gg_trainer_policy
     strcpy(out->reason, at_min ? "at_min" : reason_names[why]);
     pending = *out;
     has_pending = true;
-    if (why == GG_REASON_NEAR_MISS)
+    if (zone)
         disarmed = true;
     lock_drop(&saved);
     return true;

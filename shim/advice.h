@@ -1,8 +1,8 @@
 /* advice.h - layer 4: telling the trainer to shrink before the OOM
  * (DESIGN.md section 1, "Advice protocol").
  *
- * On a near-miss zone entry (once per acknowledgement), on every refusal and
- * every OOM, advise: batch -> max(min_batch_size, batch / 2), accumulation
+ * On a near-miss zone entry or a forecast of one (once per acknowledgement),
+ * on every refusal and every OOM, advise: batch -> max(min_batch_size, batch / 2), accumulation
  * raised so batch x accumulation never falls. The caller journals the
  * advice, then sends the signal, which goes only to a process that handles
  * it. The trainer's side (the C API) reads, acknowledges and registers.
@@ -16,7 +16,7 @@
 
 #include <stdbool.h>
 
-enum gg_reason { GG_REASON_NEAR_MISS, GG_REASON_REFUSED, GG_REASON_OOM };
+enum gg_reason { GG_REASON_NEAR_MISS, GG_REASON_REFUSED, GG_REASON_OOM, GG_REASON_FORECAST };
 
 /* What the device's policy says of the trainer. */
 struct gg_trainer_policy {

@@ -65,6 +65,11 @@ GG_EXPORT void gpuguard_set_batch(int batch_size, int grad_accum)
     gg_life_batch(batch_size, grad_accum);
 }
 
+GG_EXPORT void gpuguard_step(unsigned long long step)
+{
+    gg_life_step(step);
+}
+
 GG_EXPORT void gpuguard_note(const char *text)
 {
     if (text && gg_active())

@@ -12,6 +12,7 @@
 #include "journal.h"
 #include "prim.h"
 #include "stack.h"
+#include "steps.h"
 #include "symbolize.h"
 
 static void begin(struct gg_json *j, char *buf, size_t cap, const char *ev)
@@ -157,7 +158,7 @@ void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v)
     end(&j);
 }
 
-void gg_events_advice(const struct gg_advice *a, bool signaled)
+void gg_events_advice(const struct gg_advice *a, bool signaled, const struct gg_step_verdict *fc)
 {
     char buf[512];
     struct gg_json j;
@@ -168,6 +169,55 @@ void gg_events_advice(const struct gg_advice *a, bool signaled)
     gg_json_ki64(&j, "grad_accum", a->grad_accum);
     gg_json_kstr(&j, "reason", a->reason);
     gg_json_kbool(&j, "signaled", signaled);
+    if (fc) {
+        gg_json_key(&j, "forecast");
+        gg_json_obj(&j);
+        gg_json_ku64(&j, "step", fc->fc_step);
+        gg_json_ku64(&j, "bytes", fc->fc_bytes);
+        gg_json_obj_end(&j);
+    }
+    end(&j);
+}
+
+void gg_events_step(int dev, uint64_t step, const struct gg_step_verdict *v)
+{
+    char buf[256];
+    struct gg_json j;
+    begin(&j, buf, sizeof buf, "step");
+    gg_json_ku64(&j, "step", step);
+    gg_json_ki64(&j, "dev", dev);
+    gg_json_ku64(&j, "peak", v->w.peak);
+    gg_json_ku64(&j, "peak_used", v->w.peak_used);
+    gg_json_ku64(&j, "live", v->w.live);
+    end(&j);
+}
+
+void gg_events_leak(int dev, uint64_t step, const struct gg_step_verdict *v)
+{
+    char buf[8192];
+    struct gg_json j;
+    begin(&j, buf, sizeof buf, "leak");
+    gg_json_ki64(&j, "dev", dev);
+    gg_json_ku64(&j, "since_step", v->since_step);
+    gg_json_ku64(&j, "step", step);
+    gg_json_ku64(&j, "rate", v->rate);
+    gg_json_ku64(&j, "live", v->w.live);
+    gg_json_key(&j, "projected_step");
+    if (v->projected_step)
+        gg_json_u64(&j, v->projected_step);
+    else
+        gg_json_null(&j);
+    gg_json_key(&j, "sites");
+    gg_json_arr(&j);
+    for (size_t k = 0; k < v->nsites; k++) {
+        gg_json_obj(&j);
+        gg_json_key(&j, "stack");
+        gg_events_stack(&j, v->sites[k].site);
+        python_frames(&j, v->sites[k].site, "pystack");
+        gg_json_ku64(&j, "bytes", v->sites[k].bytes);
+        gg_json_obj_end(&j);
+    }
+    gg_json_arr_end(&j);
     end(&j);
 }
 

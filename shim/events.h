@@ -21,8 +21,13 @@ void gg_events_start(const char *comm, const char *host, long rank);
 void gg_events_mode(int dev, const char *mode, const char *why);
 /* near_miss, refused or oom, from a verdict. */
 void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v);
-/* advice. */
-void gg_events_advice(const struct gg_advice *a, bool signaled);
+/* advice; fc (may be NULL): a forecast's step and predicted bytes. */
+struct gg_step_verdict;
+void gg_events_advice(const struct gg_advice *a, bool signaled, const struct gg_step_verdict *fc);
+/* step: what step `step` saw on device dev. */
+void gg_events_step(int dev, uint64_t step, const struct gg_step_verdict *v);
+/* leak: live bytes at the boundaries grow steadily on device dev. */
+void gg_events_leak(int dev, uint64_t step, const struct gg_step_verdict *v);
 /* batch: the trainer set (or acked) a batch; the phase that ended, on
  * device dev (final: at exit, the phase the process ended in). */
 struct gg_window;

@@ -63,6 +63,10 @@ void gg_life_registered(void);
  * journaled per used device (`batch` events), for --recommend. */
 void gg_life_batch(int batch_size, int grad_accum);
 
+/* A training step ended (gpuguard_step): per used device, the step's
+ * line, the forecast, the leak (steps.h). */
+void gg_life_step(uint64_t step);
+
 /* Write the summary now if it has not been written (exit path). */
 void gg_life_finish(void);
 

@@ -26,6 +26,7 @@
 #include "elfsym.h"
 #include "pyframes.h"
 #include "stack.h"
+#include "steps.h"
 #include "symbolize.h"
 
 _Atomic int gg_state = GG_STATE_UNSTARTED;
@@ -121,6 +122,7 @@ static void child_after_fork(void)
     gg_ledger_after_fork();
     gg_sites_after_fork();
     gg_stack_after_fork();
+    gg_steps_after_fork();
     gg_py_after_fork();
     gg_elfsym_after_fork();
     gg_maps_after_fork();
@@ -235,8 +237,25 @@ static void batch_events(int batch_size, int grad_accum, bool final)
 
 void gg_life_batch(int batch_size, int grad_accum)
 {
-    if (gg_active())
-        batch_events(batch_size, grad_accum, false);
+    if (!gg_active())
+        return;
+    batch_events(batch_size, grad_accum, false);
+    for (int i = 0; i < gg_device_count; i++)
+        gg_steps_reset(i); /* another batch: the old trend says nothing of it */
+}
+
+void gg_life_step(uint64_t step)
+{
+    if (!gg_active())
+        return;
+    for (int i = 0; i < gg_device_count; i++) {
+        struct gg_device *d = gg_device(i);
+        struct gg_step_verdict v;
+        if (!d || !device_used(d, i))
+            continue;
+        gg_steps_boundary(d, i, step, gg_device_policy(i)->s.forecast, &v);
+        gg_react_step(i, step, &v);
+    }
 }
 
 /* ---- exit ---------------------------------------------------------------------------- */

@@ -6,6 +6,7 @@
 #include "events.h"
 #include "prim.h"
 #include "pyframes.h"
+#include "steps.h"
 
 static void sample(int dev, const struct gg_verdict *v)
 {
@@ -14,7 +15,7 @@ static void sample(int dev, const struct gg_verdict *v)
         gg_events_sample(dev, v->current, gg_device_estimate(d));
 }
 
-static void advise(int dev, enum gg_reason why)
+static void advise(int dev, enum gg_reason why, const struct gg_step_verdict *fc)
 {
     const struct gg_policy *p = gg_device_policy(dev);
     struct gg_trainer_policy tp = {p->s.batch_size, p->s.grad_accum, p->s.min_batch_size,
@@ -23,7 +24,7 @@ static void advise(int dev, enum gg_reason why)
     if (!gg_advice_raise(dev, why, &tp, &a))
         return;
     bool signaled = gg_advice_handled(tp.signal);
-    gg_events_advice(&a, signaled);
+    gg_events_advice(&a, signaled, fc);
     if (signaled)
         gg_advice_signal(tp.signal);
 }
@@ -44,7 +45,7 @@ GG_COLD void gg_react(const struct gg_call *c, const struct gg_verdict *v)
     if (v->incident != GG_INCIDENT_NONE) {
         if (v->journal)
             gg_events_incident(c, v);
-        advise(c->dev, reason[v->incident]);
+        advise(c->dev, reason[v->incident], NULL);
     }
     sample(c->dev, v);
 }
@@ -52,6 +53,16 @@ GG_COLD void gg_react(const struct gg_call *c, const struct gg_verdict *v)
 GG_COLD void gg_react_free(int dev, const struct gg_verdict *v)
 {
     sample(dev, v);
+}
+
+void gg_react_step(int dev, uint64_t step, const struct gg_step_verdict *v)
+{
+    if (v->journal)
+        gg_events_step(dev, step, v);
+    if (v->forecast)
+        advise(dev, GG_REASON_FORECAST, v);
+    if (v->leak)
+        gg_events_leak(dev, step, v);
 }
 
 void gg_react_registered(uint64_t switched)

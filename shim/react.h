@@ -22,6 +22,11 @@ void gg_react_free(int dev, const struct gg_verdict *v);
  * that did not check out): said once, as an `error` event. */
 void gg_react_python(void);
 
+/* A step boundary's verdict on device dev: its line, a forecast's advice,
+ * a leak. */
+struct gg_step_verdict;
+void gg_react_step(int dev, uint64_t step, const struct gg_step_verdict *v);
+
 /* Devices (a bit each) switched to enforce by a trainer's registration. */
 void gg_react_registered(uint64_t switched);
 
