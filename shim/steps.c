@@ -21,7 +21,7 @@
 #define RECHECK_SITES 16     /* while leaking, its sites are looked at again this often */
 
 struct point {
-    double x, peak, live;
+    double x, used, live; /* step, its device-wide peak, live bytes at its end */
 };
 
 static struct steps {
@@ -173,11 +173,13 @@ static void forecast(const struct gg_device *d, const struct steps *s, uint64_t 
 {
     double x[HIST], y[HIST], slope, intercept, z;
     uint64_t line = d->limit > d->near ? d->limit - d->near : 0;
-    if (s->n < FORECAST_MIN || !d->total || out->w.peak >= line)
+    /* The line is on the device's used memory, so is the trend: the
+     * step's device-wide peak (context and other processes included). */
+    if (s->n < FORECAST_MIN || !d->total || out->w.peak_used >= line)
         return; /* too few steps, or near misses already say it */
     for (int i = 0; i < s->n; i++) {
         x[i] = s->p[i].x;
-        y[i] = s->p[i].peak;
+        y[i] = s->p[i].used;
     }
     gg_steps_trend(x, y, s->n, &slope, &intercept, &z);
     double rise = slope * (x[s->n - 1] - x[0]);
@@ -206,7 +208,9 @@ static void leak(const struct gg_device *d, int dev, struct steps *s, uint64_t s
     for (int i = 0; i < n; i++) {
         x[i] = s->p[first + i].x;
         y[i] = s->p[first + i].live;
-        work[i] = s->p[first + i].peak - s->p[first + i].live;
+        /* all the device holds at the step's peak but our live bytes: the
+         * working set, the context, the other processes */
+        work[i] = s->p[first + i].used - s->p[first + i].live;
     }
     gg_steps_trend(x, y, n, &slope, &intercept, &z);
     double rise = slope * (x[n - 1] - x[0]);
@@ -273,7 +277,7 @@ void gg_steps_boundary(struct gg_device *d, int dev, uint64_t step, bool do_fore
         memmove(s->p, s->p + 1, (HIST - 1) * sizeof *s->p);
         s->n--;
     }
-    s->p[s->n++] = (struct point){(double)step, (double)out->w.peak, (double)out->w.live};
+    s->p[s->n++] = (struct point){(double)step, (double)out->w.peak_used, (double)out->w.live};
     if (do_forecast)
         forecast(d, s, step, out);
     leak(d, dev, s, step, out);

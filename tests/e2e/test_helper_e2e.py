@@ -227,25 +227,32 @@ class Demo(Case):
         self.assertEqual(proc.returncode, 0, out + proc.stderr)
         # run 1 died of an OOM, partway
         self.assertIn("=> it died: OutOfMemoryError: CUDA out of memory. Tried to allocate", out)
-        self.assertIn("step 13/27 (epoch 5, seq 512, batch 32 x accum 1): CUDA out of memory", out)
+        self.assertIn("step 12/28 (epoch 3, seq 480, batch 32 x accum 1): CUDA out of memory", out)
         self.assertIn(INERT, out)
-        # run 2 was advised, shrank twice and finished, with the shim's summary
-        self.assertIn("gpuguard advice #1 (near_miss): batch 32 x accum 1 -> 16 x 2", out)
-        self.assertIn("gpuguard advice #2 (near_miss): batch 16 x accum 2 -> 8 x 4", out)
-        # ... by splitting each batch of the loader, which stays 32
-        self.assertIn("gpuguard: from batch 8 on, each batch of 32 is split into 2 micro-batches "
-                      "of at most 16 (advice #1, near_miss)", out)
-        self.assertIn("micro-batch x n  8 x 4", out)
-        self.assertIn("finished: 27/27 steps, 864 samples (effective batch 32 per step)", out)
+        # run 2 was advised by the forecast a step before each near miss
+        # (steps 9 and 20 would have entered the zone), shrank twice and
+        # finished without a near miss, by splitting each batch of the
+        # loader, which stays 32
+        self.assertIn("gpuguard: from batch 9 on, each batch of 32 is split into 2 micro-batches "
+                      "of at most 16 (advice #1, forecast)", out)
+        self.assertIn("gpuguard: from batch 20 on, each batch of 32 is split into 4 micro-batches "
+                      "of at most 8 (advice #2, forecast)", out)
+        self.assertIn("steps  9-12  micro-batch x n 16 x 2 ", out)
+        self.assertIn("steps 17-20  micro-batch x n 16 x 2 ->  8 x 4", out)
+        self.assertIn("finished: 28/28 steps, 896 samples (effective batch 32 per step)", out)
+        self.assertIn("near misses 0, refused 0", out)
         self.assertIn("=> it finished every step (exit status 0", out)
         self.assertRegex(out, r"   gpuguard: GPU0 NVIDIA GeForce RTX 3090: peak [\d.]+ GiB "
                               r"\(device [\d.]+ GiB\) of 24\.0 GiB, limit 21\.6 GiB; "
-                              r"2 near misses, 0 refused; journal ")
+                              r"0 near misses, 0 refused; journal ")
         # the report of the guarded run's journal
         self.assertIn("gpuguard report: 1 journal", out)
-        self.assertIn("near_miss batch 16 x accum 2, signaled", out)
-        self.assertIn("trainer at %s:" % DEMO, out)
-        self.assertIn("batch 32 -> 16 -> 8; 2 advices, the first before any refusal or OOM", out)
+        self.assertIn("forecast  batch 16 x accum 2, signaled; forecast: step 9 would peak at "
+                      "21.1 GiB", out)
+        self.assertIn("batch 32 -> 16 -> 8; 2 advices (forecast, forecast), the first before "
+                      "any near miss, refusal or OOM", out)
+        self.assertIn("the first at the end of step 8: step 9 would peak at 21.1 GiB, in the "
+                      "near-miss zone", out)
         self.assertTrue(out.rstrip().endswith("story: as expected"))
         # one journal (the unguarded run leaves none), in the out dir only
         journals = [n for n in os.listdir(out_dir) if n.endswith(".jsonl")]

@@ -6,12 +6,15 @@
 `make demo` runs this. The same trainer runs twice as a child process:
 
   1. without gpuguard: its activation memory grows with the sequence length
-     (a curriculum: longer sequences every epoch) until a step no longer fits
+     (a curriculum: 32 tokens longer every step) until a step no longer fits
      and it dies of "CUDA out of memory", partway through;
   2. under LD_PRELOAD=libgpuguard.so with the Python helper: the trainer
-     runs each batch through gpuguard.Guard.run. The shim advises a smaller
-     batch at the first near miss, before any OOM; from the next step on each
-     batch of the (unchanged) loader runs as 2, then 4 micro-batches whose
+     runs each batch through gpuguard.Guard.run, whose batch boundaries tell
+     the shim where each step ends (gpuguard_step). From the trend of the
+     steps' peaks the shim forecasts the step that would enter the near-miss
+     zone and advises a smaller batch at the boundary before it, so neither
+     a near miss nor an OOM ever happens; from the next step on each batch
+     of the (unchanged) loader runs as 2, then 4 micro-batches whose
      gradients add up to the batch's, so the effective batch is kept, and
      the run finishes every step.
 
@@ -55,12 +58,20 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 #   weights, gradients, Adam's 2 moments 4 x 1.5 GiB, allocated once
 #   activations: 12 layers x 96 KiB per sample per token, plus one layer's
 #     worth of backward workspace, freed after every step
-#   sequence length: 256 at epoch 1, growing to 1024 at epoch 9
-# Peak device use per step = 6.5 GiB + batch x seq x 1.125 MiB x 13/12:
-#   batch 32: seq 384 -> 21.1 GiB (near miss, under the limit),
-#             seq 448 -> 23.6 GiB (fits the card, just), seq 512 -> 26.0 GiB (OOM)
-#   batch 16: seq 768 -> 21.1 GiB (near miss again)
-#   batch  8: seq 1024 -> 16.3 GiB
+#   sequence length: 128 at step 1, 32 more every step, 992 at step 28
+#     (7 epochs of 4 steps)
+# Peak device use per step = 6.5 GiB + batch x seq x 1.125 MiB x 13/12, so
+# each step's peak is 1.2 GiB above the last at batch 32, as wide as the
+# whole near-miss zone:
+#   batch 32: seq 352 (step 8)  -> 19.9 GiB (below the zone)
+#             seq 384 (step 9)  -> 21.1 GiB (near miss, under the limit)
+#             seq 448 (step 11) -> 23.6 GiB (fits the card, just)
+#             seq 480 (step 12) -> 24.8 GiB (OOM)
+#   batch 16: seq 704 (step 19) -> 19.9 GiB, seq 736 (step 20) -> 20.5 GiB (zone)
+#   batch  8: seq 992 (step 28) -> 15.9 GiB
+# The forecast sees steps 1-8 on a line and advises at the end of step 8, a
+# step before the near miss of step 9; then steps 9-19 at batch 16, before
+# step 20.
 FAKE_DEVICE = "NVIDIA GeForce RTX 3090,24GiB,8.6"
 FAKE_PLAN = {
     "context": 512 * MiB,
@@ -68,8 +79,10 @@ FAKE_PLAN = {
               ("Adam exp_avg", 1536 * MiB), ("Adam exp_avg_sq", 1536 * MiB)],
     "layers": 12,
     "per_token_layer": 96 * KiB,
-    "schedule": [256, 320, 384, 448, 512, 640, 768, 896, 1024],
-    "steps_per_epoch": 3,
+    "seq_first": 128,
+    "seq_step": 32,
+    "epochs": 7,
+    "steps_per_epoch": 4,
     "batch_size": 32,
 }
 
@@ -193,6 +206,18 @@ class RealTorch(object):
         return peak
 
 
+def sequence_length(plan, step):
+    """The curriculum: longer sequences every step."""
+    return plan["seq_first"] + plan["seq_step"] * (step - 1)
+
+
+def schedule_text(plan):
+    total = plan["epochs"] * plan["steps_per_epoch"]
+    return ("%d epochs x %d steps, sequence length %d at step 1, %d more every step, %d at step %d"
+            % (plan["epochs"], plan["steps_per_epoch"], sequence_length(plan, 1),
+               plan["seq_step"], sequence_length(plan, total), total))
+
+
 def train(args):
     plan = json.loads(args.plan)
     build = args.build
@@ -206,9 +231,10 @@ def train(args):
                                    else "inactive"))
     model = RealTorch(plan, build) if args.train == "real" else FakeTorch(plan, build)
     batch = list(range(plan["batch_size"]))  # the loader's batch: its samples' ids
-    schedule, per_epoch = plan["schedule"], plan["steps_per_epoch"]
-    total = len(schedule) * per_epoch
+    epochs, per_epoch = plan["epochs"], plan["steps_per_epoch"]
+    total = epochs * per_epoch
     step = samples = 0
+    seq = 0
     sys.stdout.flush()
 
     def forward_backward(mb):  # one micro-batch: the whole batch until advised
@@ -219,12 +245,13 @@ def train(args):
         del done[:]
         model.zero_grad()
 
-    for epoch, seq in enumerate(schedule, 1):
-        model.empty_cache()  # a new sequence length: drop the cached blocks of the old one
-        first, start = step + 1, (guard.micro_batch_size, guard.split)
+    for epoch in range(1, epochs + 1):
+        first, shapes = step + 1, []
         peak = 0
         for _ in range(per_epoch):
             step += 1
+            seq = sequence_length(plan, step)
+            model.empty_cache()  # a new sequence length: drop the cached blocks of the old one
             done = []
             try:
                 guard.run(batch, forward_backward, zero_grad)
@@ -235,6 +262,7 @@ def train(args):
                 sys.stdout.flush()
                 raise
             model.optimizer_step()
+            shapes.append((guard.micro_batch_size, guard.split))  # what this step ran as
             samples += sum(done)
             peak = max(peak, model.take_peak())
             adv = guard.advice()
@@ -249,11 +277,11 @@ def train(args):
                          adv["grad_accum"]))
                 if args.train != "real":
                     model.empty_cache()  # Guard does this itself for real PyTorch
-        shape = "%2d x %d" % (guard.micro_batch_size, guard.split)
-        if start != (guard.micro_batch_size, guard.split):
-            shape = "%2d x %d -> %s" % (start[0], start[1], shape)
-        print("epoch %d/%d  seq %4d  steps %2d-%-2d  micro-batch x n %-16s peak reserved %s"
-              % (epoch, len(schedule), seq, first, step, shape, fmt(peak)))
+        shape = "%2d x %d" % shapes[-1]
+        if shapes[0] != shapes[-1]:
+            shape = "%2d x %d -> %s" % (shapes[0] + (shape,))
+        print("epoch %d/%d  seq %4d-%-4d  steps %2d-%-2d  micro-batch x n %-16s peak reserved %s"
+              % (epoch, epochs, sequence_length(plan, first), seq, first, step, shape, fmt(peak)))
         sys.stdout.flush()
     print("finished: %d/%d steps, %d samples (effective batch %d per step)"
           % (step, total, samples, samples // max(step, 1)))
@@ -349,13 +377,11 @@ def fake_setup(build, out_dir):
         % (fmt(state), fmt(plan["context"])))
     say("         activations %s per sample per token (%d layers), freed after each step"
         % (fmt(per_token), plan["layers"]))
-    say("schedule %d epochs x %d steps, sequence length %s"
-        % (len(plan["schedule"]), plan["steps_per_epoch"],
-           " -> ".join(str(s) for s in plan["schedule"])))
-    say("batch    %d: peak device use %s at seq 384, %s at seq 448, %s at seq 512"
+    say("schedule %s" % schedule_text(plan))
+    say("batch    %d: peak device use %s at step 8, %s at step 9, %s at step 12"
         % (plan["batch_size"],
-           *(fmt(plan["context"] + state + plan["batch_size"] * s * per_token * 13 // 12)
-             for s in (384, 448, 512))))
+           *(fmt(plan["context"] + state + plan["batch_size"] * sequence_length(plan, n)
+                 * per_token * 13 // 12) for n in (8, 9, 12))))
     return plan, env, guarded
 
 
@@ -393,9 +419,7 @@ def real_setup(build, out_dir):
     say("         the guarded one as a policy (%s): limit %s device-wide" % (policy, fmt(limit)))
     say("model    %d x Linear(%d, %d) + GELU, fp32, Adam: %s of state"
         % (layers, hidden, hidden, fmt(16 * layers * hidden * hidden)))
-    say("schedule %d epochs x %d steps, sequence length %s, batch %d"
-        % (len(plan["schedule"]), plan["steps_per_epoch"],
-           " -> ".join(str(s) for s in plan["schedule"]), plan["batch_size"]))
+    say("schedule %s, batch %d" % (schedule_text(plan), plan["batch_size"]))
     return plan, real_plan, env, guarded
 
 
@@ -447,9 +471,10 @@ def main():
     say("gpuguard demo: a training run that outgrows its GPU")
     say("=" * 51)
     say("The same trainer runs twice. Its activation memory grows with the batch and with the")
-    say("sequence length, which grows every epoch. Without gpuguard it dies of an OOM partway;")
-    say("with gpuguard it is told at the first near miss, before the OOM, to halve its batch:")
-    say("it splits each batch into micro-batches (same samples per step) and finishes.")
+    say("sequence length, which grows every step. Without gpuguard it dies of an OOM partway;")
+    say("with gpuguard, which sees each step's peak on a rising line, it is told a step before")
+    say("the near-miss zone to halve its batch: it splits each batch into micro-batches (same")
+    say("samples per step) and finishes.")
     if real:
         plan, guarded_plan, env, guarded = real_setup(build, out_dir)
         backend = "real"
@@ -459,7 +484,7 @@ def main():
         backend = "fake"
     guarded["LD_PRELOAD"] = shim
     guarded["GPUGUARD_JOURNAL_DIR"] = out_dir
-    total_steps = len(plan["schedule"]) * plan["steps_per_epoch"]
+    total_steps = plan["epochs"] * plan["steps_per_epoch"]
 
     heading("Run 1: without gpuguard")
     say("$ python3 tools/demo/demo.py --train %s ...   # the trainer: batch %d"
@@ -503,7 +528,7 @@ def main():
     if journal:
         with open(journal) as f:
             events = [json.loads(l) for l in f if l.strip()]
-        incidents = [e for e in events if e["ev"] in ("refused", "oom")]
+        incidents = [e for e in events if e["ev"] in ("near_miss", "refused", "oom")]
         advised = [e for e in events if e["ev"] == "advice"]
         first_incident = min([e["t"] for e in incidents] or [float("inf")])
         advised_first = bool(advised) and advised[0]["t"] <= first_incident
@@ -523,12 +548,21 @@ def main():
 
     heading("Verdict")
     say("without gpuguard: %s" % ("died of CUDA out of memory" if died else "did not die of an OOM (unexpected)"))
-    say("with gpuguard:    %s; batch %s; %d advice%s, %s"
+    forecast = advised[0].get("forecast") if advised and advised[0]["reason"] == "forecast" else None
+    say("with gpuguard:    %s; batch %s; %d advice%s (%s), %s"
         % ("finished all %d steps" % total_steps if finished else "did not finish",
            " -> ".join(str(b) for b in batches(plan["batch_size"], advised)),
            len(advised), "" if len(advised) == 1 else "s",
-           "the first before any refusal or OOM" if advised_first else "none before the trouble"))
-    ok = died and finished and advised_first
+           ", ".join(a["reason"] for a in advised) or "none",
+           "the first before any near miss, refusal or OOM" if advised_first
+           else "none before the trouble"))
+    if forecast:
+        say("                  the first at the end of step %d: step %d would peak at %s, in "
+            "the near-miss zone" % (forecast["step"] - 1, forecast["step"],
+                                               fmt(forecast["bytes"])))
+    # Simulated, the numbers are exact: the first advice must be the
+    # forecast. A real GPU's steps may be noisier: any advice in time will do.
+    ok = died and finished and advised_first and (real or forecast is not None)
     say("story: %s" % ("as expected" if ok else "NOT as expected"))
     return 0 if ok else 1
 
