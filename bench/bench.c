@@ -19,8 +19,16 @@
  *   bench startup RUNS SHIM CMD [ARGS...]
  *       spawns CMD RUNS times without and RUNS times with LD_PRELOAD=SHIM,
  *       interleaved (ABBA), and prints the wall time of each run.
+ *   bench steps SITES STEPS LEAK
+ *       SITES allocations held live, each from a call stack of its own (so
+ *       as many sites), then STEPS training steps: 8 allocation pairs and
+ *       gpuguard_step(n), which is timed; with LEAK 1 every step also keeps
+ *       32 MiB for good, so the leak check and its site scan run too. Prints
+ *       the time of each gpuguard_step, or "absent" without the shim.
  */
 #include <cuda_runtime_api.h>
+
+#include "gpuguard.h" /* gpuguard_step: found at run time, absent without the shim */
 
 #include <errno.h>
 #include <pthread.h>
@@ -276,13 +284,97 @@ static int run_startup(long runs, const char *shim, char **argv)
     return 0;
 }
 
+/* ---- steps ------------------------------------------------------------------ */
+
+/* Site number `bits` (< 2^SITE_LEVELS): SITE_LEVELS frames, each entered
+ * from one of two call sites, so every number has a call stack (a site) of
+ * its own. */
+#define SITE_LEVELS 10
+static int site_a(int k, unsigned bits, void **out, size_t size);
+static int site_b(int k, unsigned bits, void **out, size_t size);
+
+static __attribute__((noinline)) int site_walk(int k, unsigned bits, void **out, size_t size)
+{
+    if (k == 0)
+        return (int)cudaMalloc(out, size);
+    int r = (bits & 1) ? site_a(k - 1, bits >> 1, out, size) : site_b(k - 1, bits >> 1, out, size);
+    g_sink = k;
+    return r;
+}
+
+static __attribute__((noinline)) int site_a(int k, unsigned bits, void **out, size_t size)
+{
+    int r = site_walk(k, bits, out, size);
+    g_sink += 1;
+    return r;
+}
+
+static __attribute__((noinline)) int site_b(int k, unsigned bits, void **out, size_t size)
+{
+    int r = site_walk(k, bits, out, size);
+    g_sink += 2;
+    return r;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int run_steps(long sites, long steps, int leak)
+{
+    if (sites < 1 || sites > (1L << SITE_LEVELS) || steps < 1) {
+        fprintf(stderr, "bench: steps SITES STEPS LEAK: SITES 1..%ld\n", 1L << SITE_LEVELS);
+        return 2;
+    }
+    void **held = calloc((size_t)sites, sizeof *held);
+    void **kept = calloc((size_t)steps, sizeof *kept);
+    uint64_t *ns = calloc((size_t)steps, sizeof *ns);
+    if (!held || !kept || !ns)
+        fail("out of memory", 0);
+    int e;
+    for (long i = 0; i < sites; i++)
+        if ((e = site_walk(SITE_LEVELS, (unsigned)i, &held[i], 4096)))
+            fail("cudaMalloc (sites)", e);
+    for (long n = 1; n <= steps; n++) {
+        for (int i = 0; i < 8; i++) {
+            void *p;
+            if ((e = (int)cudaMalloc(&p, 64u << 20)) || (e = (int)cudaFree(p)))
+                fail("pair", e);
+        }
+        if (leak && (e = site_walk(SITE_LEVELS, 7, &kept[n - 1], 32u << 20)))
+            fail("cudaMalloc (leak)", e);
+        uint64_t t0 = now_ns();
+        gpuguard_step((unsigned long long)n);
+        ns[n - 1] = now_ns() - t0;
+    }
+    int present = gpuguard_active();
+    printf("{\"mode\":\"steps\",\"sites\":%ld,\"steps\":%ld,\"leak\":%d,\"present\":%s,"
+           "\"ns\":[", sites, steps, leak, present ? "true" : "false");
+    for (long n = 0; n < steps; n++)
+        printf("%s%llu", n ? "," : "", (unsigned long long)ns[n]);
+    printf("]}\n");
+    qsort(ns, (size_t)steps, sizeof *ns, cmp_u64);
+    for (long i = 0; i < sites; i++)
+        (void)cudaFree(held[i]);
+    for (long n = 0; n < steps; n++)
+        if (kept[n])
+            (void)cudaFree(kept[n]);
+    free(held);
+    free(kept);
+    free(ns);
+    return 0;
+}
+
 /* ---- main ------------------------------------------------------------------- */
 
 static void usage(void)
 {
     fprintf(stderr, "usage: bench pairs N THREADS DEPTH REPS SIZE\n"
                     "       bench live N SIZE\n"
-                    "       bench startup RUNS SHIM CMD [ARGS...]\n");
+                    "       bench startup RUNS SHIM CMD [ARGS...]\n"
+                    "       bench steps SITES STEPS LEAK\n");
     exit(2);
 }
 
@@ -297,6 +389,9 @@ int main(int argc, char **argv)
         return run_live(arg_long(argv[2], "N"), (size_t)arg_long(argv[3], "SIZE"));
     if (argc >= 5 && !strcmp(argv[1], "startup"))
         return run_startup(arg_long(argv[2], "RUNS"), argv[3], argv + 4);
+    if (argc >= 5 && !strcmp(argv[1], "steps"))
+        return run_steps(arg_long(argv[2], "SITES"), arg_long(argv[3], "STEPS"),
+                         (int)arg_long(argv[4], "LEAK"));
     usage();
     return 2;
 }
