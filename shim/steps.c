@@ -182,8 +182,13 @@ static void forecast(const struct gg_device *d, const struct steps *s, uint64_t 
         y[i] = s->p[i].used;
     }
     gg_steps_trend(x, y, s->n, &slope, &intercept, &z);
-    double rise = slope * (x[s->n - 1] - x[0]);
-    if (z < FORECAST_Z || slope <= 0 || rise <= 3 * spread(x, y, s->n, slope, intercept))
+    double rise = slope * (x[s->n - 1] - x[0]), noise = spread(x, y, s->n, slope, intercept);
+    if (z < FORECAST_Z || slope <= 0 || rise <= 3 * noise)
+        return;
+    /* The line must still hold at this step: a run whose last step fell
+     * well below it (a cache emptied, a shorter batch) is not on its way. */
+    double fall = intercept + slope * x[s->n - 1] - y[s->n - 1];
+    if (fall > fmax(3 * noise, (double)d->total / 1000))
         return;
     double next = intercept + slope * (double)(step + 1);
     if (next <= (double)line)
