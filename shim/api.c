@@ -9,6 +9,7 @@
 #include "gpuguard.h"
 #include "ledger.h"
 #include "prim.h"
+#include "react.h"
 
 _Static_assert(sizeof(struct gpuguard_advice) == sizeof(struct gg_advice),
                "struct gg_advice mirrors struct gpuguard_advice");
@@ -72,6 +73,8 @@ GG_EXPORT void gpuguard_step(unsigned long long step)
 
 GG_EXPORT void gpuguard_note(const char *text)
 {
-    if (text && gg_active())
+    if (text && gg_active()) {
+        gg_react_flush();
         gg_events_note(text);
+    }
 }

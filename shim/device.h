@@ -55,7 +55,11 @@ struct gg_device {
     _Atomic uint64_t last_reading_ns;
     /* Incidents and events: written rarely. */
     _Alignas(64) _Atomic uint64_t near_misses, refusals, ooms, unknown_frees;
-    _Atomic uint64_t sample_current;   /* `current` at the last sample event */
+    _Atomic uint64_t sample_current;   /* `current` when it last moved by a sample step */
+    /* The extremes of those moves since the last timeline tick (react.c):
+     * the highest, and the lowest as its complement (0: none), and when. */
+    _Atomic uint64_t sample_high, sample_low_inv;
+    _Atomic uint64_t sample_high_ns, sample_low_ns;
     _Atomic gg_site peak_site;         /* the allocation that set the peak */
 };
 

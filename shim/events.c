@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "budget.h"
 #include "device.h"
 #include "fatbin.h"
 #include "gpuguard.h"
@@ -15,7 +16,7 @@
 #include "steps.h"
 #include "symbolize.h"
 
-static void begin(struct gg_json *j, char *buf, size_t cap, const char *ev)
+static void open_line(struct gg_json *j, char *buf, size_t cap, const char *ev)
 {
     gg_json_init(j, buf, cap);
     gg_json_obj(j);
@@ -23,10 +24,41 @@ static void begin(struct gg_json *j, char *buf, size_t cap, const char *ev)
     gg_json_kstr(j, "ev", ev);
 }
 
+/* A line of this kind may be written (budget.h): begin it. */
+static bool begin(struct gg_json *j, char *buf, size_t cap, const char *ev, enum gg_line kind)
+{
+    if (kind != GG_LINE_ALWAYS && !gg_budget_take(kind))
+        return false;
+    open_line(j, buf, cap, ev);
+    return true;
+}
+
+/* Lines the journal could not take (a full disk) are said by the first line
+ * that it can take again: an `error` with their count. */
+static GG_COLD void say_lost(uint64_t n)
+{
+    char buf[256];
+    struct gg_json j;
+    open_line(&j, buf, sizeof buf, "error");
+    char msg[160];
+    snprintf(msg, sizeof msg, "%llu journal line%s lost: the journal could not be written "
+             "(full disk?)", (unsigned long long)n, n == 1 ? "" : "s");
+    gg_json_kstr(&j, "message", msg);
+    gg_json_ku64(&j, "lost", n);
+    gg_json_obj_end(&j);
+    gg_json_raw_newline(&j);
+    if (!j.failed && gg_journal_write_note(j.buf, j.len))
+        gg_journal_lost_said(n);
+    gg_json_free(&j);
+}
+
 static void end(struct gg_json *j)
 {
     gg_json_obj_end(j);
     gg_json_raw_newline(j);
+    uint64_t unsaid = gg_journal_lost_unsaid();
+    if (gg_unlikely(unsaid))
+        say_lost(unsaid);
     if (!j->failed)
         gg_journal_write(j->buf, j->len);
     gg_json_free(j);
@@ -79,7 +111,8 @@ void gg_events_start(const char *comm, const char *host, long rank)
 {
     char buf[8192];
     struct gg_json j;
-    begin(&j, buf, sizeof buf, "start");
+    if (!begin(&j, buf, sizeof buf, "start", GG_LINE_ALWAYS))
+        return;
     gg_json_ki64(&j, "pid", (int64_t)getpid());
     gg_json_kf64(&j, "wall", gg_wall_s()); /* aligns the journals of several ranks */
     gg_json_kstr(&j, "comm", comm);
@@ -122,7 +155,8 @@ void gg_events_mode(int dev, const char *mode, const char *why)
 {
     char buf[256];
     struct gg_json j;
-    begin(&j, buf, sizeof buf, "mode");
+    if (!begin(&j, buf, sizeof buf, "mode", GG_LINE_MODE))
+        return;
     gg_json_ki64(&j, "dev", dev);
     gg_json_kstr(&j, "mode", mode);
     gg_json_kstr(&j, "why", why);
@@ -132,6 +166,9 @@ void gg_events_mode(int dev, const char *mode, const char *why)
 static const char *const incident_names[] = {
     [GG_INCIDENT_NEAR_MISS] = "near_miss", [GG_INCIDENT_REFUSED] = "refused",
     [GG_INCIDENT_OOM] = "oom"};
+static const enum gg_line incident_lines[] = {
+    [GG_INCIDENT_NEAR_MISS] = GG_LINE_NEAR_MISS, [GG_INCIDENT_REFUSED] = GG_LINE_REFUSED,
+    [GG_INCIDENT_OOM] = GG_LINE_OOM};
 
 void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v)
 {
@@ -140,18 +177,17 @@ void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v)
         return;
     char buf[4096];
     struct gg_json j;
-    begin(&j, buf, sizeof buf, incident_names[v->incident]);
+    if (!begin(&j, buf, sizeof buf, incident_names[v->incident], incident_lines[v->incident]))
+        return;
     gg_json_ki64(&j, "dev", c->dev);
     gg_json_kstr(&j, "api", c->api_name);
     gg_json_ku64(&j, "bytes", c->bytes);
     gg_json_ku64(&j, "used", v->used);
     gg_json_ku64(&j, "limit", d->limit);
     gg_json_ku64(&j, "total", d->total);
-    if (v->incident == GG_INCIDENT_NEAR_MISS) {
-        gg_json_ku64(&j, "count", v->count);
-        if (v->over_limit)
-            gg_json_kbool(&j, "over_limit", true);
-    }
+    gg_json_ku64(&j, "count", v->count); /* this site's, this kind: lines are thinned */
+    if (v->incident == GG_INCIDENT_NEAR_MISS && v->over_limit)
+        gg_json_kbool(&j, "over_limit", true);
     gg_json_key(&j, "stack");
     gg_events_stack(&j, c->site);
     python_frames(&j, c->site, "pystack");
@@ -162,7 +198,8 @@ void gg_events_advice(const struct gg_advice *a, bool signaled, const struct gg_
 {
     char buf[512];
     struct gg_json j;
-    begin(&j, buf, sizeof buf, "advice");
+    if (!begin(&j, buf, sizeof buf, "advice", GG_LINE_ADVICE))
+        return;
     gg_json_ku64(&j, "seq", a->seq);
     gg_json_ki64(&j, "dev", a->dev);
     gg_json_ki64(&j, "batch_size", a->batch_size);
@@ -183,7 +220,8 @@ void gg_events_step(int dev, uint64_t step, const struct gg_step_verdict *v)
 {
     char buf[256];
     struct gg_json j;
-    begin(&j, buf, sizeof buf, "step");
+    if (!begin(&j, buf, sizeof buf, "step", GG_LINE_STEP))
+        return;
     gg_json_ku64(&j, "step", step);
     gg_json_ki64(&j, "dev", dev);
     gg_json_ku64(&j, "peak", v->w.peak);
@@ -196,7 +234,8 @@ void gg_events_leak(int dev, uint64_t step, const struct gg_step_verdict *v)
 {
     char buf[8192];
     struct gg_json j;
-    begin(&j, buf, sizeof buf, "leak");
+    if (!begin(&j, buf, sizeof buf, "leak", GG_LINE_LEAK))
+        return;
     gg_json_ki64(&j, "dev", dev);
     gg_json_ku64(&j, "since_step", v->since_step);
     gg_json_ku64(&j, "step", step);
@@ -226,7 +265,8 @@ void gg_events_batch(int dev, int batch_size, int grad_accum, const struct gg_wi
 {
     char buf[256];
     struct gg_json j;
-    begin(&j, buf, sizeof buf, "batch");
+    if (!begin(&j, buf, sizeof buf, "batch", GG_LINE_BATCH))
+        return;
     gg_json_ki64(&j, "dev", dev);
     gg_json_ki64(&j, "batch_size", batch_size);
     gg_json_ki64(&j, "grad_accum", grad_accum);
@@ -238,11 +278,16 @@ void gg_events_batch(int dev, int batch_size, int grad_accum, const struct gg_wi
     end(&j);
 }
 
-void gg_events_sample(int dev, uint64_t current, uint64_t used)
+void gg_events_sample(int dev, uint64_t current, uint64_t used, double t)
 {
     char buf[256];
     struct gg_json j;
-    begin(&j, buf, sizeof buf, "sample");
+    if (!gg_budget_take(GG_LINE_SAMPLE))
+        return;
+    gg_json_init(&j, buf, sizeof buf);
+    gg_json_obj(&j);
+    gg_json_kf64(&j, "t", t);
+    gg_json_kstr(&j, "ev", "sample");
     gg_json_ki64(&j, "dev", dev);
     gg_json_ku64(&j, "current", current);
     gg_json_ku64(&j, "used", used);
@@ -253,7 +298,8 @@ void gg_events_note(const char *text)
 {
     char buf[4096];
     struct gg_json j;
-    begin(&j, buf, sizeof buf, "note");
+    if (!begin(&j, buf, sizeof buf, "note", GG_LINE_NOTE))
+        return;
     gg_json_kstr(&j, "text", text);
     end(&j);
 }
@@ -266,7 +312,8 @@ void gg_events_problem(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    begin(&j, buf, sizeof buf, "error");
+    if (!begin(&j, buf, sizeof buf, "error", GG_LINE_ERROR))
+        return;
     gg_json_kstr(&j, "message", msg);
     end(&j);
 }
@@ -297,7 +344,8 @@ void gg_events_arch(const struct gg_arch_event *e)
 {
     char buf[4096];
     struct gg_json j;
-    begin(&j, buf, sizeof buf, "arch");
+    if (!begin(&j, buf, sizeof buf, "arch", GG_LINE_ARCH))
+        return;
     gg_json_ki64(&j, "dev", e->dev);
     gg_json_kstr(&j, "cc", e->cc);
     gg_json_kstr(&j, "module", e->module);
@@ -325,8 +373,9 @@ void gg_events_error(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (!begin(&j, buf, sizeof buf, "error", GG_LINE_ERROR))
+        return; /* nor on stderr: errors are bounded there too */
     gg_say("%s", msg);
-    begin(&j, buf, sizeof buf, "error");
     gg_json_kstr(&j, "message", msg);
     end(&j);
 }
@@ -371,13 +420,51 @@ static void peak_sites(struct gg_json *j, int dev, uint64_t peak)
     gg_json_arr_end(j);
 }
 
+/* {kind: lines not written} for the kinds with any; since `base` (the
+ * counts at the last report) when given. */
+static void suppressed_counts(struct gg_json *j, const uint64_t *base)
+{
+    gg_json_obj(j);
+    for (int k = 0; k < GG_LINES; k++) {
+        uint64_t n = gg_budget_suppressed((enum gg_line)k) - (base ? base[k] : 0);
+        if (n)
+            gg_json_ku64(j, gg_budget_name((enum gg_line)k), n);
+    }
+    gg_json_obj_end(j);
+}
+
+bool gg_events_suppressed(uint64_t *base)
+{
+    bool any = false;
+    for (int k = 0; k < GG_LINES; k++)
+        any = any || gg_budget_suppressed((enum gg_line)k) != base[k];
+    if (!any)
+        return false;
+    char buf[1024];
+    struct gg_json j;
+    if (!begin(&j, buf, sizeof buf, "suppressed", GG_LINE_ALWAYS))
+        return false;
+    gg_json_key(&j, "since"); /* since the last suppressed line */
+    suppressed_counts(&j, base);
+    gg_json_key(&j, "total");
+    suppressed_counts(&j, NULL);
+    end(&j);
+    for (int k = 0; k < GG_LINES; k++)
+        base[k] = gg_budget_suppressed((enum gg_line)k);
+    return true;
+}
+
 void gg_events_summary(double duration)
 {
     char buf[16384];
     struct gg_json j;
-    begin(&j, buf, sizeof buf, "summary");
+    if (!begin(&j, buf, sizeof buf, "summary", GG_LINE_ALWAYS))
+        return;
     gg_json_kf64(&j, "duration", duration);
     gg_json_ku64(&j, "sites", gg_sites_count()); /* distinct stacks stored */
+    gg_json_key(&j, "suppressed"); /* lines left out by the budgets, per kind */
+    suppressed_counts(&j, NULL);
+    gg_json_ku64(&j, "lost_lines", gg_journal_lost()); /* lines the journal could not take */
     gg_json_key(&j, "devices");
     gg_json_arr(&j);
     for (int i = 0; i < gg_device_count; i++) {

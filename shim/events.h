@@ -52,14 +52,19 @@ void gg_events_arch(const struct gg_arch_event *e);
  * library's unreadable device code), not worth the host's stderr. */
 void gg_events_problem(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* sample: a timeline point. */
-void gg_events_sample(int dev, uint64_t current, uint64_t used);
+/* sample: a timeline point, at t (seconds since the start: when the move
+ * happened, which is before it is written). */
+void gg_events_sample(int dev, uint64_t current, uint64_t used, double t);
 /* note: the trainer's text. */
 void gg_events_note(const char *text);
 /* error: a configuration or internal problem, also said on stderr. */
 void gg_events_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* summary: at exit. */
 void gg_events_summary(double duration);
+/* suppressed: lines the budgets left out (budget.h) since the counts in
+ * base[GG_LINES], and in all; base is then updated. False (nothing
+ * written) when none were left out since. */
+bool gg_events_suppressed(uint64_t *base);
 
 /* A site's native frames as [{ip, module, sym, off}] (for tests too). */
 void gg_events_stack(struct gg_json *j, gg_site site);

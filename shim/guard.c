@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "budget.h"
 #include "device.h"
 #include "maps.h"
 #include "prim.h"
@@ -36,8 +37,19 @@ static inline void clear(struct gg_verdict *v)
     v->sample = false;
 }
 
-/* A timeline point when the process's use moved by 1% of the device since
- * the last one; one thread takes it, the others carry on. */
+/* The process's use moved by 1% of the device since the last move: kept
+ * for the timeline (its extremes, which the timeline's tick writes, off
+ * this path: react.c); one thread takes it, the others carry on. */
+static GG_COLD void sample_moved(struct gg_device *d, uint64_t cur, struct gg_verdict *v)
+{
+    uint64_t now = gg_now_ns();
+    if (gg_atomic_max(&d->sample_high, cur))
+        atomic_store_explicit(&d->sample_high_ns, now, memory_order_relaxed);
+    if (gg_atomic_max(&d->sample_low_inv, ~cur))
+        atomic_store_explicit(&d->sample_low_ns, now, memory_order_relaxed);
+    v->sample = true;
+}
+
 static inline void sample_check(struct gg_device *d, uint64_t cur, struct gg_verdict *v)
 {
     uint64_t step = d->total / 100;
@@ -46,9 +58,9 @@ static inline void sample_check(struct gg_device *d, uint64_t cur, struct gg_ver
     v->current = cur;
     if (gg_likely(moved <= step) || !step)
         return;
-    v->sample = atomic_compare_exchange_strong_explicit(&d->sample_current, &last, cur,
-                                                        memory_order_relaxed,
-                                                        memory_order_relaxed);
+    if (atomic_compare_exchange_strong_explicit(&d->sample_current, &last, cur,
+                                                memory_order_relaxed, memory_order_relaxed))
+        sample_moved(d, cur, v);
 }
 
 /* ---- the first reading -------------------------------------------------------- */
@@ -63,28 +75,31 @@ static GG_COLD void first_reading(struct gg_device *d, const struct gg_call *c)
     atomic_store_explicit(&d->read_once, true, memory_order_release);
 }
 
-/* ---- near misses per site --------------------------------------------------------- */
+/* ---- incidents per site --------------------------------------------------------- */
 
-/* A hot loop in the near-miss zone must not flood the journal: per call site
- * the first 8 near misses are written, then the 16th, 32nd, 64th... each with
- * its running count. The table is small and lossy: a collision only resets
- * a count. */
-#define NM_SLOTS 256
-static struct {
-    _Atomic uint64_t key; /* site << 8 | dev + 1 */
-    _Atomic uint64_t count;
-} nm_seen[NM_SLOTS];
+/* A hot loop in the near-miss zone, or a retry loop of refusals, must not
+ * flood the journal: per call site the first 8 incidents of a kind are
+ * written, then the 16th, 32nd, 64th... each with its running count
+ * (budget.h). The counts live in the site table, exact for any number of
+ * sites; incidents without a stack share one count per device and kind. */
+static _Atomic uint64_t no_site[GG_MAX_DEVICES][GG_SITE_EVENTS];
 
-static uint64_t near_miss_count(gg_site site, int dev)
+static uint64_t incident_count(gg_site site, int dev, enum gg_incident kind)
 {
-    uint64_t key = ((uint64_t)site << 8 | (uint64_t)dev) + 1;
-    unsigned i = (unsigned)((key * 0x9E3779B97F4A7C15ull) >> 56) % NM_SLOTS;
-    uint64_t old = atomic_load_explicit(&nm_seen[i].key, memory_order_relaxed);
-    if (old != key) {
-        atomic_store_explicit(&nm_seen[i].key, key, memory_order_relaxed);
-        atomic_store_explicit(&nm_seen[i].count, 0, memory_order_relaxed);
-    }
-    return atomic_fetch_add_explicit(&nm_seen[i].count, 1, memory_order_relaxed) + 1;
+    unsigned k = (unsigned)kind - GG_INCIDENT_NEAR_MISS;
+    if (site != GG_SITE_NONE)
+        return gg_sites_count_event(site, k);
+    if ((unsigned)dev >= GG_MAX_DEVICES || k >= GG_SITE_EVENTS)
+        return 1;
+    return atomic_fetch_add_explicit(&no_site[dev][k], 1, memory_order_relaxed) + 1;
+}
+
+static void incident(struct gg_call *c, struct gg_verdict *v, enum gg_incident kind)
+{
+    uint64_t n = incident_count(c->site, c->dev, kind);
+    v->incident = kind;
+    v->count = n;
+    v->journal = gg_budget_thin(n);
 }
 
 /* ---- the peak ------------------------------------------------------------------ */
@@ -150,8 +165,7 @@ bool gg_guard_admit(struct gg_call *c, struct gg_verdict *v)
     atomic_fetch_add_explicit(&d->refusals, 1, memory_order_relaxed);
     if (c->site == GG_SITE_NONE && want_stack(d, true))
         capture(d, c);
-    v->incident = GG_INCIDENT_REFUSED;
-    v->journal = true;
+    incident(c, v, GG_INCIDENT_REFUSED);
     v->used = used;
     return false;
 }
@@ -167,10 +181,7 @@ static GG_COLD void near_miss(struct gg_device *d, struct gg_call *c, uint64_t u
     atomic_fetch_add_explicit(&d->near_misses, 1, memory_order_relaxed);
     if (c->site == GG_SITE_NONE && want_stack(d, true))
         capture(d, c);
-    uint64_t n = near_miss_count(c->site, c->dev);
-    v->incident = GG_INCIDENT_NEAR_MISS;
-    v->journal = n <= 8 || (n & (n - 1)) == 0;
-    v->count = n;
+    incident(c, v, GG_INCIDENT_NEAR_MISS);
     v->used = used;
     v->over_limit = used > d->limit;
 }
@@ -227,8 +238,7 @@ void gg_guard_failed(struct gg_call *c, bool oom, struct gg_verdict *v)
     atomic_fetch_add_explicit(&d->ooms, 1, memory_order_relaxed);
     if (c->site == GG_SITE_NONE && want_stack(d, true))
         capture(d, c);
-    v->incident = GG_INCIDENT_OOM;
-    v->journal = true;
+    incident(c, v, GG_INCIDENT_OOM);
     v->used = gg_device_refresh(d, c->dev, false);
 }
 

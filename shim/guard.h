@@ -41,11 +41,11 @@ enum gg_incident { GG_INCIDENT_NONE, GG_INCIDENT_NEAR_MISS, GG_INCIDENT_REFUSED,
 /* What a decision asks to be said. */
 struct gg_verdict {
     uint8_t incident;    /* enum gg_incident */
-    bool journal;        /* write the incident's line (near misses are sampled per site) */
+    bool journal;        /* write the incident's line (per site: the first 8, then powers of 2) */
     bool over_limit;     /* a near miss past the limit (not enforcing) */
     bool sample;         /* the process's use moved: a timeline point */
     uint64_t used;       /* device-wide use at the decision */
-    uint64_t count;      /* the site's running near-miss count */
+    uint64_t count;      /* the site's running count of this kind of incident */
     uint64_t current;    /* the process's bytes after the call */
 };
 

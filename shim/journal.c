@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -16,23 +17,74 @@ static ino_t file_ino;
 static char path[GG_PATH_MAX + 128];
 static gg_spin reopen_lock = GG_SPIN_INIT;
 
+/* Writers take turns, in the order they came (a ticket lock: lines land in
+ * the order they were finished), so that a line that did not fit can be
+ * cut off again before anyone appends after it. A signal handler that
+ * interrupts a write on its own thread does not wait for itself: its line
+ * is lost, and counted. */
+static _Atomic unsigned turn_next, turn_now;
+static GG_TLS bool writing;
+
+static bool take_turn(void)
+{
+    if (writing)
+        return false; /* this thread is waiting for, or has, a turn */
+    writing = true;
+    unsigned me = atomic_fetch_add_explicit(&turn_next, 1, memory_order_relaxed);
+    for (unsigned spins = 0; atomic_load_explicit(&turn_now, memory_order_acquire) != me;
+         spins++) {
+        if (spins > 64)
+            sched_yield();
+    }
+    return true;
+}
+
+static void end_turn(void)
+{
+    writing = false;
+    atomic_fetch_add_explicit(&turn_now, 1, memory_order_release);
+}
+static off_t end;                    /* the journal's size: whole lines only */
+static _Atomic uint64_t lost, lost_said; /* lines not written; of them, said in the journal */
+static bool failing;                 /* the last write failed (said once on stderr) */
+
+/* The first life of pid P is gpuguard.<comm>.P.jsonl; a file of that name
+ * already there (the same pid in an earlier container, or this process
+ * before it exec'ed itself) makes it P-2, P-3, ...: never someone else's
+ * file, never appended to. */
+#define LIVES 64
+static int create(const char *dir, const char *comm, long rank, int *life)
+{
+    for (*life = 1; *life <= LIVES; (*life)++) {
+        char pid[32], rk[32] = "";
+        if (*life == 1)
+            snprintf(pid, sizeof pid, "%d", (int)getpid());
+        else
+            snprintf(pid, sizeof pid, "%d-%d", (int)getpid(), *life);
+        if (rank >= 0)
+            snprintf(rk, sizeof rk, ".rank%ld", rank);
+        int n = snprintf(path, sizeof path, "%s/gpuguard.%s%s.%s.jsonl", dir, comm, rk, pid);
+        if (n < 0 || (size_t)n >= sizeof path) {
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+        int f = gg_file_create(path);
+        if (f >= 0 || errno != EEXIST)
+            return f;
+    }
+    return -1;
+}
+
 bool gg_journal_open(const char *dir, const char *comm, long rank)
 {
-    int n;
-    if (rank >= 0)
-        n = snprintf(path, sizeof path, "%s/gpuguard.%s.rank%ld.%d.jsonl", dir, comm, rank,
-                     (int)getpid());
-    else
-        n = snprintf(path, sizeof path, "%s/gpuguard.%s.%d.jsonl", dir, comm, (int)getpid());
-    if (n < 0 || (size_t)n >= sizeof path) {
-        gg_say("journal directory name too long: %s; no journal", dir);
-        path[0] = '\0';
-        return false;
-    }
-    int f = gg_file_create(path);
+    int life;
+    int f = create(dir, comm, rank, &life);
     struct stat st;
     if (f < 0 || fstat(f, &st) != 0) {
-        gg_say("cannot create journal %s: %s; no journal", path, strerror(errno));
+        if (errno == ENAMETOOLONG)
+            gg_say("journal directory name too long: %s; no journal", dir);
+        else
+            gg_say("cannot create journal %s: %s; no journal", path, strerror(errno));
         if (f >= 0)
             close(f);
         path[0] = '\0';
@@ -40,6 +92,7 @@ bool gg_journal_open(const char *dir, const char *comm, long rank)
     }
     file_dev = st.st_dev;
     file_ino = st.st_ino;
+    end = 0;
     atomic_store(&fd, f);
     return true;
 }
@@ -55,6 +108,11 @@ void gg_journal_drop(void)
     if (f >= 0)
         close(f);
     path[0] = '\0';
+    /* A parent thread's turn never ends here: start the turns afresh. */
+    atomic_store(&turn_next, 0);
+    atomic_store(&turn_now, 0);
+    writing = false;
+    gg_spin_reset(&reopen_lock);
 }
 
 static bool is_ours(int f)
@@ -69,7 +127,8 @@ static GG_COLD int reopen(int stale)
 {
     static bool said;
     int f = -1;
-    gg_spin_lock(&reopen_lock);
+    if (!gg_spin_trylock(&reopen_lock, 1000000))
+        return -1; /* a signal handler interrupting a reopen on its own thread */
     int cur = atomic_load(&fd);
     if (cur != stale) { /* another thread did it */
         gg_spin_unlock(&reopen_lock);
@@ -80,6 +139,9 @@ static GG_COLD int reopen(int stale)
         close(f);
         f = -1;
     }
+    struct stat st;
+    if (f >= 0 && fstat(f, &st) == 0)
+        end = st.st_size;
     atomic_store(&fd, f);
     gg_spin_unlock(&reopen_lock);
     if (f < 0 && !said) {
@@ -113,7 +175,33 @@ void gg_journal_release(bool open)
     npending = 0;
 }
 
-void gg_journal_write(const char *line, size_t len)
+/* One write; what a full disk (or a file size limit) let through of a line
+ * is cut off again, so the file holds whole lines only. */
+static bool write_whole(int f, const char *line, size_t len)
+{
+    ssize_t n;
+    do
+        n = write(f, line, len);
+    while (n < 0 && errno == EINTR);
+    if (n == (ssize_t)len) {
+        end += n;
+        return true;
+    }
+    int why = n < 0 ? errno : ENOSPC;
+    if (n > 0 && ftruncate(f, end) != 0) {
+        /* The fragment stays: end the line, so that the next ones parse. */
+        if (write(f, "\n", 1) == 1)
+            end += n + 1;
+    }
+    if (!failing) {
+        failing = true;
+        gg_say("cannot write the journal %s: %s; lines are lost, and counted, until it can",
+               path, strerror(why));
+    }
+    return false;
+}
+
+bool gg_journal_write(const char *line, size_t len)
 {
     if (holding) {
         /* Only the starting thread writes while holding (others wait). */
@@ -121,15 +209,51 @@ void gg_journal_write(const char *line, size_t len)
             memcpy(pending[npending], line, len);
             pending_len[npending++] = len;
         }
-        return;
+        return true;
     }
     int f = atomic_load_explicit(&fd, memory_order_relaxed);
     if (f < 0)
-        return;
+        return false;
     int saved = errno;
     if (gg_unlikely(!is_ours(f)))
         f = reopen(f);
-    if (f >= 0)
-        (void)gg_write_all(f, line, len);
+    bool ok = false;
+    if (f >= 0 && take_turn()) {
+        ok = write_whole(f, line, len);
+        if (ok)
+            failing = false;
+        end_turn();
+    }
+    if (!ok && f >= 0)
+        atomic_fetch_add_explicit(&lost, 1, memory_order_relaxed);
     errno = saved;
+    return ok;
+}
+
+bool gg_journal_write_note(const char *line, size_t len)
+{
+    int f = atomic_load_explicit(&fd, memory_order_relaxed);
+    if (holding || f < 0 || !is_ours(f) || !take_turn())
+        return false;
+    int saved = errno;
+    bool ok = write_whole(f, line, len);
+    end_turn();
+    errno = saved;
+    return ok;
+}
+
+uint64_t gg_journal_lost(void)
+{
+    return atomic_load_explicit(&lost, memory_order_relaxed);
+}
+
+uint64_t gg_journal_lost_unsaid(void)
+{
+    return atomic_load_explicit(&lost, memory_order_relaxed) -
+           atomic_load_explicit(&lost_said, memory_order_relaxed);
+}
+
+void gg_journal_lost_said(uint64_t n)
+{
+    atomic_fetch_add_explicit(&lost_said, n, memory_order_relaxed);
 }

@@ -28,6 +28,7 @@
 #include "stack.h"
 #include "steps.h"
 #include "symbolize.h"
+#include "ticker.h"
 
 _Atomic int gg_state = GG_STATE_UNSTARTED;
 GG_TLS int gg_depth;
@@ -128,6 +129,7 @@ static void child_after_fork(void)
     gg_maps_after_fork();
     gg_guard_after_fork();
     gg_symbolize_after_fork();
+    gg_ticker_after_fork();
     gg_journal_drop();
 }
 
@@ -173,6 +175,8 @@ static bool start(void)
     gg_events_start(comm, host, proc.rank);
     gg_react_python();
     gg_journal_release(open);
+    if (open)
+        (void)gg_ticker_start(); /* else the timeline is written inline, as rarely */
     gg_arch_start(); /* the loaded modules' device code against the GPUs */
     atexit(at_exit);
     return true;
@@ -225,6 +229,7 @@ static bool device_used(const struct gg_device *d, int dev)
 
 static void batch_events(int batch_size, int grad_accum, bool final)
 {
+    gg_react_flush();
     for (int i = 0; i < gg_device_count; i++) {
         struct gg_device *d = gg_device(i);
         struct gg_window w;
@@ -286,6 +291,10 @@ static void say_summary(void)
     }
     if (!any)
         gg_say("no device memory allocated; journal %s", path ? path : "(none)");
+    uint64_t lost = gg_journal_lost();
+    if (lost)
+        gg_say("%llu journal line%s lost: the journal could not be written", (unsigned long long)lost,
+               lost == 1 ? "" : "s");
 }
 
 void gg_life_finish(void)
@@ -296,6 +305,7 @@ void gg_life_finish(void)
     if (s != GG_STATE_ACTIVE && s != GG_STATE_PASSTHROUGH)
         return;
     int batch, accum;
+    gg_ticker_stop(); /* and the last tick: the timeline to now, what was left out */
     gg_react_python();
     if (gg_advice_current(&batch, &accum))
         batch_events(batch, accum, true); /* the phase the process ended in */

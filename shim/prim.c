@@ -35,11 +35,15 @@ void gg_clock_start(void)
     atomic_store_explicit(&start_ns, gg_now_ns(), memory_order_relaxed);
 }
 
-double gg_clock_since_start(void)
+double gg_clock_at(uint64_t ns)
 {
     uint64_t zero = atomic_load_explicit(&start_ns, memory_order_relaxed);
-    uint64_t now = gg_now_ns();
-    return zero && now > zero ? (double)(now - zero) / 1e9 : 0.0;
+    return zero && ns > zero ? (double)(ns - zero) / 1e9 : 0.0;
+}
+
+double gg_clock_since_start(void)
+{
+    return gg_clock_at(gg_now_ns());
 }
 
 /* ---- output ----------------------------------------------------------------- */

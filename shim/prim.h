@@ -37,6 +37,8 @@ double gg_wall_s(void);
  * its zero (once per life; again in a forked child that starts its own). */
 void gg_clock_start(void);
 double gg_clock_since_start(void);
+/* The same for a moment gg_now_ns() gave earlier. */
+double gg_clock_at(uint64_t ns);
 
 /* ---- output ----------------------------------------------------------------- */
 

@@ -2,17 +2,123 @@
 #include "react.h"
 
 #include "advice.h"
+#include "budget.h"
 #include "device.h"
 #include "events.h"
 #include "prim.h"
 #include "pyframes.h"
 #include "steps.h"
 
-static void sample(int dev, const struct gg_verdict *v)
+/* ---- the timeline ------------------------------------------------------------- */
+
+/* `sample` lines: the process's use each time it moved by 1% of the device,
+ * written by the timeline's tick (life.c's thread, every GG_TICK_NS), never
+ * on the allocation path: per device and tick at most the highest and the
+ * lowest moves since the last tick and where it is now, so memory that
+ * oscillates across a sample step writes a few lines a second, not two per
+ * allocation. Without the thread, the same is written inline, at most once
+ * a tick. */
+static _Atomic bool ticking;
+static gg_spin timeline_lock = GG_SPIN_INIT;
+static uint64_t written[GG_MAX_DEVICES]; /* `current` at the last sample line */
+static _Atomic uint64_t last_inline_ns;
+
+/* A point of the timeline, when it happened: lines carry that moment, and
+ * are flushed before any other line (gg_react_flush), so the journal stays
+ * in time order. */
+struct point { uint64_t bytes, ns; bool set; };
+
+static void sample_line(int dev, const struct gg_device *d, const struct point *p)
 {
-    const struct gg_device *d = gg_device(dev);
-    if (d && v->sample)
-        gg_events_sample(dev, v->current, gg_device_estimate(d));
+    uint64_t step = d->total / 100, last = written[dev];
+    if (!p->set || (p->bytes <= last + step && p->bytes + step >= last))
+        return; /* not a move from the last line */
+    int64_t used = (int64_t)p->bytes + atomic_load_explicit(&d->used_offset, memory_order_relaxed);
+    gg_events_sample(dev, p->bytes, used > 0 ? (uint64_t)used : 0, gg_clock_at(p->ns));
+    written[dev] = p->bytes;
+}
+
+static void timeline(int dev, struct gg_device *d)
+{
+    uint64_t hi = atomic_exchange_explicit(&d->sample_high, 0, memory_order_relaxed);
+    uint64_t lo_inv = atomic_exchange_explicit(&d->sample_low_inv, 0, memory_order_relaxed);
+    struct point p[3] = {
+        {hi, atomic_load_explicit(&d->sample_high_ns, memory_order_relaxed), hi != 0},
+        {~lo_inv, atomic_load_explicit(&d->sample_low_ns, memory_order_relaxed), lo_inv != 0},
+        {atomic_load_explicit(&d->current, memory_order_relaxed), gg_now_ns(), true}};
+    if (p[1].set && p[0].set && p[1].ns < p[0].ns) { /* the low came first */
+        struct point t = p[0];
+        p[0] = p[1];
+        p[1] = t;
+    }
+    for (int i = 0; i < 3; i++)
+        sample_line(dev, d, &p[i]);
+}
+
+static void timeline_all(void)
+{
+    if (!gg_spin_trylock(&timeline_lock, 0))
+        return; /* the tick is writing them */
+    for (int i = 0; i < gg_device_count; i++) {
+        struct gg_device *d = gg_device(i);
+        if (d)
+            timeline(i, d);
+    }
+    gg_spin_unlock(&timeline_lock);
+}
+
+void gg_react_flush(void)
+{
+    timeline_all();
+}
+
+void gg_react_ticking(bool on)
+{
+    atomic_store(&ticking, on);
+}
+
+void gg_react_tick(bool report_suppressed)
+{
+    static uint64_t base[GG_LINES];
+    timeline_all();
+    if (report_suppressed)
+        (void)gg_events_suppressed(base);
+}
+
+static void sample(const struct gg_verdict *v)
+{
+    if (!v->sample || atomic_load_explicit(&ticking, memory_order_relaxed))
+        return;
+    uint64_t now = gg_now_ns(), last = atomic_load_explicit(&last_inline_ns, memory_order_relaxed);
+    if (now - last >= GG_TICK_NS &&
+        atomic_compare_exchange_strong_explicit(&last_inline_ns, &last, now,
+                                                memory_order_relaxed, memory_order_relaxed))
+        timeline_all();
+}
+
+/* ---- advice --------------------------------------------------------------------- */
+
+/* Advice lines per device and reason are thinned like incidents (budget.h),
+ * counted afresh for each advised batch: a retry loop of refusals asking
+ * for the same batch again and again writes a few lines; every new batch
+ * is news. The signal goes out every time. */
+static struct {
+    _Atomic int batch;
+    _Atomic uint64_t count;
+} advice_seen[GG_MAX_DEVICES][GG_REASON_FORECAST + 1];
+
+static bool advice_line(const struct gg_advice *a, enum gg_reason why)
+{
+    if ((unsigned)a->dev >= GG_MAX_DEVICES || (unsigned)why > GG_REASON_FORECAST)
+        return true;
+    __typeof__(advice_seen[0][0]) *s = &advice_seen[a->dev][why];
+    if (atomic_exchange_explicit(&s->batch, a->batch_size, memory_order_relaxed) != a->batch_size)
+        atomic_store_explicit(&s->count, 0, memory_order_relaxed);
+    uint64_t n = atomic_fetch_add_explicit(&s->count, 1, memory_order_relaxed) + 1;
+    if (gg_budget_thin(n))
+        return true;
+    gg_budget_suppress(GG_LINE_ADVICE);
+    return false;
 }
 
 static void advise(int dev, enum gg_reason why, const struct gg_step_verdict *fc)
@@ -24,7 +130,8 @@ static void advise(int dev, enum gg_reason why, const struct gg_step_verdict *fc
     if (!gg_advice_raise(dev, why, &tp, &a))
         return;
     bool signaled = gg_advice_handled(tp.signal);
-    gg_events_advice(&a, signaled, fc);
+    if (advice_line(&a, why))
+        gg_events_advice(&a, signaled, fc);
     if (signaled)
         gg_advice_signal(tp.signal);
 }
@@ -42,21 +149,29 @@ GG_COLD void gg_react(const struct gg_call *c, const struct gg_verdict *v)
     static const enum gg_reason reason[] = {
         [GG_INCIDENT_NEAR_MISS] = GG_REASON_NEAR_MISS, [GG_INCIDENT_REFUSED] = GG_REASON_REFUSED,
         [GG_INCIDENT_OOM] = GG_REASON_OOM};
+    static const enum gg_line line[] = {
+        [GG_INCIDENT_NEAR_MISS] = GG_LINE_NEAR_MISS, [GG_INCIDENT_REFUSED] = GG_LINE_REFUSED,
+        [GG_INCIDENT_OOM] = GG_LINE_OOM};
     if (v->incident != GG_INCIDENT_NONE) {
+        timeline_all(); /* the timeline up to now, before the incident's line */
         if (v->journal)
             gg_events_incident(c, v);
+        else
+            gg_budget_suppress(line[v->incident]);
         advise(c->dev, reason[v->incident], NULL);
     }
-    sample(c->dev, v);
+    sample(v);
 }
 
 GG_COLD void gg_react_free(int dev, const struct gg_verdict *v)
 {
-    sample(dev, v);
+    (void)dev;
+    sample(v);
 }
 
 void gg_react_step(int dev, uint64_t step, const struct gg_step_verdict *v)
 {
+    timeline_all();
     if (v->journal)
         gg_events_step(dev, step, v);
     if (v->forecast)

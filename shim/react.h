@@ -8,6 +8,7 @@
 #ifndef GG_REACT_H
 #define GG_REACT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "guard.h"
@@ -26,6 +27,18 @@ void gg_react_python(void);
  * a leak. */
 struct gg_step_verdict;
 void gg_react_step(int dev, uint64_t step, const struct gg_step_verdict *v);
+
+/* The timeline's tick (DESIGN.md: `sample` events), every GG_TICK_NS from
+ * a thread of the shim's own (life.c): the samples since the last tick;
+ * with report_suppressed, also the lines the budgets left out since the
+ * last report (a `suppressed` line, when there were any). ticking(true):
+ * the thread runs, so allocations leave samples to it. */
+#define GG_TICK_NS 500000000ull
+void gg_react_tick(bool report_suppressed);
+/* The timeline up to now, written before a line of another kind (batch,
+ * note), so the journal stays in time order. */
+void gg_react_flush(void);
+void gg_react_ticking(bool on);
 
 /* Devices (a bit each) switched to enforce by a trainer's registration. */
 void gg_react_registered(uint64_t switched);

@@ -22,7 +22,9 @@ struct site {
     _Atomic(void *) note;                  /* see gg_sites_note */
     int32_t dev;
     uint16_t n_native, n_py;
+    _Atomic uint32_t events[GG_SITE_EVENTS]; /* see gg_sites_count_event */
 };
+_Static_assert(sizeof(struct site) == 64, "a site is one cache line");
 
 static _Atomic(struct site *) chunks[SITE_CHUNKS];
 static _Atomic uint32_t nsites;            /* ids 1..nsites exist */
@@ -98,7 +100,10 @@ static GG_COLD gg_site insert(uint64_t h, int dev, const uintptr_t *native, size
                               const uintptr_t *py, size_t np)
 {
     gg_site id = GG_SITE_NONE;
-    gg_spin_lock(&lock);
+    /* Held for microseconds; a signal handler interrupting an insertion
+     * on its own thread gets no site rather than waiting for itself. */
+    if (!gg_spin_trylock(&lock, 1000000))
+        return GG_SITE_NONE;
     _Atomic uint64_t *idx = atomic_load_explicit(&index_, memory_order_relaxed);
     if (!idx) {
         idx = gg_pages((size_t)INDEX_SLOTS * sizeof *idx);
@@ -138,6 +143,8 @@ static GG_COLD gg_site insert(uint64_t h, int dev, const uintptr_t *native, size
     s->dev = dev;
     s->n_native = (uint16_t)nn;
     s->n_py = (uint16_t)np;
+    for (int k = 0; k < GG_SITE_EVENTS; k++)
+        atomic_store_explicit(&s->events[k], 0, memory_order_relaxed);
     id = count + 1;
     /* Publish the record before its id, and the id before its index slot:
      * a reader that sees either finds a whole site. */
@@ -199,6 +206,15 @@ void gg_sites_charge(gg_site site, int64_t bytes, int64_t allocs)
         atomic_fetch_add_explicit(&s->bytes, bytes, memory_order_relaxed);
     if (allocs)
         atomic_fetch_add_explicit(&s->allocs, allocs, memory_order_relaxed);
+}
+
+uint32_t gg_sites_count_event(gg_site site, unsigned kind)
+{
+    struct site *s = site_get(site);
+    if (!s || kind >= GG_SITE_EVENTS)
+        return 0;
+    uint32_t n = atomic_fetch_add_explicit(&s->events[kind], 1, memory_order_relaxed) + 1;
+    return n ? n : UINT32_MAX; /* saturates in effect: 2^32 events later, still "many" */
 }
 
 void *gg_sites_note(gg_site site)

@@ -51,6 +51,13 @@ struct gg_site_usage { gg_site site; uint64_t bytes, allocs; };
  * allocations, then the older site); at most max, the count returned. */
 size_t gg_sites_top(int dev, struct gg_site_usage *out, size_t max);
 
+/* How many events of a kind (0 .. GG_SITE_EVENTS-1: the guard's near
+ * misses, refusals, OOMs) this site has had, this one included; 0 for
+ * GG_SITE_NONE. Exact for any number of sites: the journal's per-site
+ * line budget (budget.h) counts here. */
+#define GG_SITE_EVENTS 3
+uint32_t gg_sites_count_event(gg_site site, unsigned kind);
+
 /* A note kept with a site, set once (the first setter wins) and never
  * freed: what a layer above knows of the stack (its Python frames' names,
  * resolved while they were live). NULL until set. */

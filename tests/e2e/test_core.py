@@ -1,5 +1,6 @@
 """Issue "Core guard": the ledger, the journal and the lifecycle, end to end
 through the fake CUDA stack under a real LD_PRELOAD."""
+import json
 import os
 import stat
 
@@ -46,9 +47,16 @@ class ScriptedSequence(Case):
         self.assertEqual(run.events[-1]["ev"], "summary")
 
     def test_samples_follow_the_timeline(self):
-        run = self.script("alloc:1G", "alloc:1G", "freeall")
+        # a timeline point each time the use moved by 1% of the device, at
+        # most a few a second: one tick (0.5 s) apart, each move is a point
+        run = self.script("alloc:1G", "sleep:700", "alloc:1G", "sleep:700", "free:0",
+                          "sleep:700", "free:1")
         currents = [e["current"] for e in run.of("sample")]
         self.assertEqual(currents, [GiB, 2 * GiB, GiB, 0])
+        # within one tick, the extremes: up to 2 GiB and back to nothing
+        run = self.script("alloc:1G", "alloc:1G", "freeall")
+        currents = [e["current"] for e in run.of("sample")]
+        self.assertEqual(currents, [2 * GiB, 0])
         # a move under 1% of total is not a sample
         run = self.script("alloc:100M", "freeall")
         self.assertEqual(run.of("sample"), [])
@@ -231,8 +239,16 @@ class JournalSafety(Case):
         self.assertIn("script: done", run.out)
         with open(target) as f:
             self.assertEqual(f.read(), "precious\n")
-        lines = self.shim_lines(run)
-        self.assertTrue(any("cannot create journal" in l for l in lines), run.err)
+        # the link is left alone (never followed, never replaced) and the
+        # journal takes the next free name, the pid's second life
+        names = sorted(n for n in os.listdir(self.tmp) if n.startswith("gpuguard."))
+        self.assertEqual(len(names), 2, names)
+        links = [n for n in names if os.path.islink(os.path.join(self.tmp, n))]
+        (journal,) = [n for n in names if n not in links]
+        self.assertEqual(len(links), 1, names)
+        self.assertRegex(journal, r"^gpuguard\.script\.\d+-2\.jsonl$")
+        with open(os.path.join(self.tmp, journal)) as f:
+            self.assertEqual(json.loads(f.readline())["ev"], "start")
 
     def test_unwritable_dir_degrades(self):
         run = self.script("alloc:1M", "freeall", GPUGUARD_JOURNAL_DIR="/nonexistent/dir")

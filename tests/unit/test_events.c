@@ -81,7 +81,7 @@ static void test_incident_and_advice(void)
     const char *l = line_of("refused");
     CHECK(l && strstr(l, "\"dev\":0,\"api\":\"cudaMalloc\",\"bytes\":2147483648,"
                          "\"used\":22548578304,\"limit\":23622320128,\"total\":25769803776,"
-                         "\"stack\":[],\"pystack\":[]}"));
+                         "\"count\":0,\"stack\":[],\"pystack\":[]}"));
     l = line_of("advice");
     CHECK(l && strstr(l, "\"dev\":0,\"batch_size\":16,\"grad_accum\":2,\"reason\":\"refused\","
                          "\"signaled\":false}"));

@@ -33,8 +33,14 @@ static void test_open_and_write(void)
     gg_journal_write("{\"a\":1}\n", 8);
     slurp(want, buf, sizeof buf);
     CHECK_STR(buf, "{\"held\":1}\n{\"a\":1}\n");
-    /* never a second journal over the first */
-    CHECK(!gg_journal_open(dir, "trainer", 3));
+    /* never a second journal over the first: the same pid's next life
+     * (exec'ed, or the same pid in another container) gets the next name */
+    CHECK(gg_journal_open(dir, "trainer", 3));
+    snprintf(want, sizeof want, "%s/gpuguard.trainer.rank3.%d-2.jsonl", dir, (int)getpid());
+    CHECK_STR(gg_journal_path(), want);
+    snprintf(want, sizeof want, "%s/gpuguard.trainer.rank3.%d.jsonl", dir, (int)getpid());
+    slurp(want, buf, sizeof buf);
+    CHECK_STR(buf, "{\"held\":1}\n{\"a\":1}\n");
     CHECK(gg_journal_open(dir, "trainer", -1));
 }
 
