@@ -54,27 +54,34 @@ GG_EXPORT int gpuguard_advice(struct gpuguard_advice *out)
 
 GG_EXPORT void gpuguard_ack(unsigned seq)
 {
-    int batch, accum;
+    int batch, accum, was = gg_inside();
     if (gg_advice_ack(seq, &batch, &accum))
         gg_life_batch(batch, accum);
+    gg_outside(was);
 }
 
 GG_EXPORT void gpuguard_set_batch(int batch_size, int grad_accum)
 {
+    int was = gg_inside();
     gg_advice_set_batch(batch_size, grad_accum);
     gg_life_registered();
     gg_life_batch(batch_size, grad_accum);
+    gg_outside(was);
 }
 
 GG_EXPORT void gpuguard_step(unsigned long long step)
 {
+    int was = gg_inside();
     gg_life_step(step);
+    gg_outside(was);
 }
 
 GG_EXPORT void gpuguard_note(const char *text)
 {
     if (text && gg_active()) {
+        int was = gg_inside();
         gg_react_flush();
         gg_events_note(text);
+        gg_outside(was);
     }
 }

@@ -228,7 +228,7 @@ static bool same_file(int fd, const Elf64_Ehdr *eh, uint64_t fsize, const struct
     if (eh->e_phentsize != sizeof(Elf64_Phdr) || eh->e_phnum == 0 || eh->e_phnum > MAX_PHDRS ||
         !in_file(eh->e_phoff, (uint64_t)eh->e_phnum * sizeof(Elf64_Phdr), fsize))
         return false;
-    Elf64_Phdr ph[MAX_PHDRS];
+    static Elf64_Phdr ph[MAX_PHDRS]; /* under g_lock: not kilobytes of a small stack */
     if (!pread_full(fd, ph, eh->e_phnum * sizeof ph[0], eh->e_phoff))
         return false;
     if (!img)
@@ -486,7 +486,7 @@ static struct module *module_for(const struct where *w)
     *m = (struct module){ .bias = w->img.bias, .fingerprint = fp };
     m->name = arena_copy(w->name, strlen(w->name));
     const char *file = w->name;
-    char exe[PATH_MAX];
+    static char exe[PATH_MAX]; /* under g_lock */
     if (!w->name[0]) {                                 /* the executable */
         file = "/proc/self/exe";
         ssize_t n = readlink(file, exe, sizeof exe - 1);
@@ -505,21 +505,28 @@ static struct module *module_for(const struct where *w)
 bool gg_elfsym_lookup(uintptr_t addr, struct gg_elfsym_hit *out)
 {
     *out = (struct gg_elfsym_hit){ NULL, 0, NULL, 0, 0 };
-    struct where w;
-    w.addr = addr;
-    w.found = false;
-    dl_iterate_phdr(where_cb, &w);
-    if (!w.found)
+    /* Kilobytes (a path, the program headers): on the side stack. */
+    struct where *wp = gg_side_push(sizeof *wp);
+    if (!wp)
         return false;
-    demangle_fn dm = demangler(w.adds);
-    gg_spin_lock(&g_lock);
-    struct module *m = module_for(&w);
+    struct where *const w = wp;
+    w->addr = addr;
+    w->found = false;
+    dl_iterate_phdr(where_cb, w);
+    /* A signal handler interrupting a lookup on its own thread gets no
+     * name rather than waiting for itself. */
+    if (!w->found || !gg_spin_trylock(&g_lock, 1000000)) {
+        gg_side_pop(wp);
+        return false;
+    }
+    demangle_fn dm = demangler(w->adds);
+    struct module *m = module_for(w);
     if (m) {
         out->module = m->path;
         out->bias = m->bias;
         struct sym *s = find_sym(m, addr - m->bias);
         if (s && dm && !(s->rank & DEMANGLED)) {
-            char name[NAME_MAX_LEN];
+            static char name[NAME_MAX_LEN]; /* under g_lock */
             if (demangle_with(dm, s->name, name, sizeof name)) {
                 const char *copy = arena_copy(name, strlen(name));
                 if (copy)
@@ -534,6 +541,7 @@ bool gg_elfsym_lookup(uintptr_t addr, struct gg_elfsym_hit *out)
         }
     }
     gg_spin_unlock(&g_lock);
+    gg_side_pop(wp);
     return m != NULL;
 }
 

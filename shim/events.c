@@ -24,12 +24,14 @@ static void open_line(struct gg_json *j, char *buf, size_t cap, const char *ev)
     gg_json_kstr(j, "ev", ev);
 }
 
-/* A line of this kind may be written (budget.h): begin it. */
-static bool begin(struct gg_json *j, char *buf, size_t cap, const char *ev, enum gg_line kind)
+/* A line of this kind may be written (budget.h): begin it, in a buffer of
+ * cap bytes on the side stack (prim.h: a thread's own stack may be small),
+ * or on the heap when the side stack has no room. */
+static bool begin(struct gg_json *j, size_t cap, const char *ev, enum gg_line kind)
 {
     if (kind != GG_LINE_ALWAYS && !gg_budget_take(kind))
         return false;
-    open_line(j, buf, cap, ev);
+    open_line(j, gg_side_push(cap), cap, ev);
     return true;
 }
 
@@ -62,6 +64,7 @@ static void end(struct gg_json *j)
     if (!j->failed)
         gg_journal_write(j->buf, j->len);
     gg_json_free(j);
+    gg_side_pop(j->origin);
 }
 
 /* "pystack": the site's Python frames [{file, line, func}], innermost
@@ -109,9 +112,8 @@ void gg_events_stack(struct gg_json *j, gg_site site)
 
 void gg_events_start(const char *comm, const char *host, long rank)
 {
-    char buf[8192];
     struct gg_json j;
-    if (!begin(&j, buf, sizeof buf, "start", GG_LINE_ALWAYS))
+    if (!begin(&j, 8192, "start", GG_LINE_ALWAYS))
         return;
     gg_json_ki64(&j, "pid", (int64_t)getpid());
     gg_json_kf64(&j, "wall", gg_wall_s()); /* aligns the journals of several ranks */
@@ -153,9 +155,8 @@ void gg_events_start(const char *comm, const char *host, long rank)
 
 void gg_events_mode(int dev, const char *mode, const char *why)
 {
-    char buf[256];
     struct gg_json j;
-    if (!begin(&j, buf, sizeof buf, "mode", GG_LINE_MODE))
+    if (!begin(&j, 256, "mode", GG_LINE_MODE))
         return;
     gg_json_ki64(&j, "dev", dev);
     gg_json_kstr(&j, "mode", mode);
@@ -175,9 +176,8 @@ void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v)
     const struct gg_device *d = gg_device(c->dev);
     if (!d || v->incident == GG_INCIDENT_NONE)
         return;
-    char buf[4096];
     struct gg_json j;
-    if (!begin(&j, buf, sizeof buf, incident_names[v->incident], incident_lines[v->incident]))
+    if (!begin(&j, 4096, incident_names[v->incident], incident_lines[v->incident]))
         return;
     gg_json_ki64(&j, "dev", c->dev);
     gg_json_kstr(&j, "api", c->api_name);
@@ -196,9 +196,8 @@ void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v)
 
 void gg_events_advice(const struct gg_advice *a, bool signaled, const struct gg_step_verdict *fc)
 {
-    char buf[512];
     struct gg_json j;
-    if (!begin(&j, buf, sizeof buf, "advice", GG_LINE_ADVICE))
+    if (!begin(&j, 512, "advice", GG_LINE_ADVICE))
         return;
     gg_json_ku64(&j, "seq", a->seq);
     gg_json_ki64(&j, "dev", a->dev);
@@ -218,9 +217,8 @@ void gg_events_advice(const struct gg_advice *a, bool signaled, const struct gg_
 
 void gg_events_step(int dev, uint64_t step, const struct gg_step_verdict *v)
 {
-    char buf[256];
     struct gg_json j;
-    if (!begin(&j, buf, sizeof buf, "step", GG_LINE_STEP))
+    if (!begin(&j, 256, "step", GG_LINE_STEP))
         return;
     gg_json_ku64(&j, "step", step);
     gg_json_ki64(&j, "dev", dev);
@@ -232,9 +230,8 @@ void gg_events_step(int dev, uint64_t step, const struct gg_step_verdict *v)
 
 void gg_events_leak(int dev, uint64_t step, const struct gg_step_verdict *v)
 {
-    char buf[8192];
     struct gg_json j;
-    if (!begin(&j, buf, sizeof buf, "leak", GG_LINE_LEAK))
+    if (!begin(&j, 8192, "leak", GG_LINE_LEAK))
         return;
     gg_json_ki64(&j, "dev", dev);
     gg_json_ku64(&j, "since_step", v->since_step);
@@ -263,9 +260,8 @@ void gg_events_leak(int dev, uint64_t step, const struct gg_step_verdict *v)
 void gg_events_batch(int dev, int batch_size, int grad_accum, const struct gg_window *w,
                      bool final)
 {
-    char buf[256];
     struct gg_json j;
-    if (!begin(&j, buf, sizeof buf, "batch", GG_LINE_BATCH))
+    if (!begin(&j, 256, "batch", GG_LINE_BATCH))
         return;
     gg_json_ki64(&j, "dev", dev);
     gg_json_ki64(&j, "batch_size", batch_size);
@@ -296,9 +292,8 @@ void gg_events_sample(int dev, uint64_t current, uint64_t used, double t)
 
 void gg_events_note(const char *text)
 {
-    char buf[4096];
     struct gg_json j;
-    if (!begin(&j, buf, sizeof buf, "note", GG_LINE_NOTE))
+    if (!begin(&j, 4096, "note", GG_LINE_NOTE))
         return;
     gg_json_kstr(&j, "text", text);
     end(&j);
@@ -306,13 +301,13 @@ void gg_events_note(const char *text)
 
 void gg_events_problem(const char *fmt, ...)
 {
-    char msg[1280], buf[1536];
+    char msg[1280];
     struct gg_json j;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (!begin(&j, buf, sizeof buf, "error", GG_LINE_ERROR))
+    if (!begin(&j, 2048, "error", GG_LINE_ERROR))
         return;
     gg_json_kstr(&j, "message", msg);
     end(&j);
@@ -342,9 +337,8 @@ static void arch_codes(struct gg_json *j, const char *key, const struct gg_fatbi
 
 void gg_events_arch(const struct gg_arch_event *e)
 {
-    char buf[4096];
     struct gg_json j;
-    if (!begin(&j, buf, sizeof buf, "arch", GG_LINE_ARCH))
+    if (!begin(&j, 4096, "arch", GG_LINE_ARCH))
         return;
     gg_json_ki64(&j, "dev", e->dev);
     gg_json_kstr(&j, "cc", e->cc);
@@ -367,13 +361,13 @@ void gg_events_arch(const struct gg_arch_event *e)
 
 void gg_events_error(const char *fmt, ...)
 {
-    char msg[768], buf[1024];
+    char msg[768];
     struct gg_json j;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (!begin(&j, buf, sizeof buf, "error", GG_LINE_ERROR))
+    if (!begin(&j, 2048, "error", GG_LINE_ERROR))
         return; /* nor on stderr: errors are bounded there too */
     gg_say("%s", msg);
     gg_json_kstr(&j, "message", msg);
@@ -440,9 +434,8 @@ bool gg_events_suppressed(uint64_t *base)
         any = any || gg_budget_suppressed((enum gg_line)k) != base[k];
     if (!any)
         return false;
-    char buf[1024];
     struct gg_json j;
-    if (!begin(&j, buf, sizeof buf, "suppressed", GG_LINE_ALWAYS))
+    if (!begin(&j, 1024, "suppressed", GG_LINE_ALWAYS))
         return false;
     gg_json_key(&j, "since"); /* since the last suppressed line */
     suppressed_counts(&j, base);
@@ -454,17 +447,18 @@ bool gg_events_suppressed(uint64_t *base)
     return true;
 }
 
-void gg_events_summary(double duration)
+void gg_events_summary(double duration, bool with_stacks)
 {
-    char buf[16384];
     struct gg_json j;
-    if (!begin(&j, buf, sizeof buf, "summary", GG_LINE_ALWAYS))
+    if (!begin(&j, 16384, "summary", GG_LINE_ALWAYS))
         return;
     gg_json_kf64(&j, "duration", duration);
     gg_json_ku64(&j, "sites", gg_sites_count()); /* distinct stacks stored */
     gg_json_key(&j, "suppressed"); /* lines left out by the budgets, per kind */
     suppressed_counts(&j, NULL);
     gg_json_ku64(&j, "lost_lines", gg_journal_lost()); /* lines the journal could not take */
+    if (!with_stacks)
+        gg_json_kstr(&j, "partial", "exit interrupted the shim: stacks and sites left out");
     gg_json_key(&j, "devices");
     gg_json_arr(&j);
     for (int i = 0; i < gg_device_count; i++) {
@@ -486,11 +480,17 @@ void gg_events_summary(double duration)
         gg_json_ku64(&j, "live_bytes", atomic_load(&d->current));
         gg_json_ku64(&j, "live_allocs", allocs - frees);
         gg_json_ku64(&j, "unknown_frees", atomic_load(&d->unknown_frees));
+        gg_site at_peak = with_stacks ? atomic_load(&d->peak_site) : GG_SITE_NONE;
         gg_json_key(&j, "peak_stack");
-        gg_events_stack(&j, atomic_load(&d->peak_site));
-        python_frames(&j, atomic_load(&d->peak_site), "peak_pystack");
+        gg_events_stack(&j, at_peak);
+        python_frames(&j, at_peak, "peak_pystack");
         gg_json_key(&j, "peak_sites");
-        peak_sites(&j, i, peak);
+        if (with_stacks) {
+            peak_sites(&j, i, peak);
+        } else {
+            gg_json_arr(&j);
+            gg_json_arr_end(&j);
+        }
         gg_json_obj_end(&j);
     }
     gg_json_arr_end(&j);

@@ -60,7 +60,9 @@ void gg_events_note(const char *text);
 /* error: a configuration or internal problem, also said on stderr. */
 void gg_events_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* summary: at exit. */
-void gg_events_summary(double duration);
+/* summary; with_stacks false: counters only (an exit that interrupted the
+ * shim on its own thread: `partial` says so). */
+void gg_events_summary(double duration, bool with_stacks);
 /* suppressed: lines the budgets left out (budget.h) since the counts in
  * base[GG_LINES], and in all; base is then updated. False (nothing
  * written) when none were left out since. */

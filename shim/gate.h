@@ -44,6 +44,21 @@ static inline void gg_leave(void)
     gg_depth = 0;
 }
 
+/* The C API's work runs "inside the shim" too: an exit() from a signal
+ * handler that interrupts it knows the shim's locks may be this thread's
+ * (gg_life_finish). */
+static inline int gg_inside(void)
+{
+    int was = gg_depth;
+    gg_depth = 1;
+    return was;
+}
+
+static inline void gg_outside(int was)
+{
+    gg_depth = was;
+}
+
 /* Is the guard counting? */
 static inline bool gg_active(void)
 {

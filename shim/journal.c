@@ -24,6 +24,7 @@ static gg_spin reopen_lock = GG_SPIN_INIT;
  * is lost, and counted. */
 static _Atomic unsigned turn_next, turn_now;
 static GG_TLS bool writing;
+static _Atomic bool final_lines; /* see gg_journal_final */
 
 static bool take_turn(void)
 {
@@ -223,6 +224,11 @@ bool gg_journal_write(const char *line, size_t len)
         if (ok)
             failing = false;
         end_turn();
+    } else if (f >= 0 && final_lines) {
+        /* The exit path on a thread whose own write it interrupted (a
+         * signal handler calling exit()): the summary is written anyway,
+         * after that write's whole line. */
+        ok = write_whole(f, line, len);
     }
     if (!ok && f >= 0)
         atomic_fetch_add_explicit(&lost, 1, memory_order_relaxed);
@@ -240,6 +246,11 @@ bool gg_journal_write_note(const char *line, size_t len)
     end_turn();
     errno = saved;
     return ok;
+}
+
+void gg_journal_final(void)
+{
+    atomic_store(&final_lines, true);
 }
 
 uint64_t gg_journal_lost(void)

@@ -44,6 +44,10 @@ void gg_journal_lost_said(uint64_t n);
 void gg_journal_hold(void);
 void gg_journal_release(bool open);
 
+/* The last lines (the summary): written even by a thread that interrupted
+ * its own write to exit. */
+void gg_journal_final(void);
+
 /* Close without writing more (a forked child drops its parent's journal). */
 void gg_journal_drop(void);
 

@@ -10,8 +10,8 @@
 void gg_json_init(struct gg_json *j, char *buf, size_t cap)
 {
     memset(j, 0, sizeof *j);
-    j->buf = buf;
-    j->cap = cap;
+    j->buf = j->origin = buf;
+    j->cap = buf ? cap : 0;
     j->first[0] = true;
 }
 

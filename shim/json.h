@@ -17,6 +17,7 @@
 
 struct gg_json {
     char *buf;
+    char *origin;               /* the caller's buffer (buf until the line outgrows it) */
     size_t len, cap;
     bool heap;                  /* buf came from malloc */
     bool failed;

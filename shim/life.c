@@ -90,7 +90,7 @@ static bool is_dir(const char *path)
 static void default_policy_dir(char *out, size_t cap)
 {
     Dl_info info;
-    char lib[PATH_MAX];
+    static char lib[PATH_MAX]; /* start runs once, on one thread: not 8 KiB of its stack */
     static const char *const tries[] = {"../share/gpuguard/policy", "../policy", "../../policy"};
     out[0] = '\0';
     if (!dladdr((void *)&default_policy_dir, &info) || !info.dli_fname ||
@@ -101,7 +101,7 @@ static void default_policy_dir(char *out, size_t cap)
         return;
     *slash = '\0';
     for (size_t i = 0; i < GG_COUNT(tries); i++) {
-        char cand[PATH_MAX + 32];
+        static char cand[PATH_MAX + 32];
         int n = snprintf(cand, sizeof cand, "%s/%s", lib, tries[i]);
         if (n > 0 && (size_t)n < cap && is_dir(cand)) {
             memcpy(out, cand, (size_t)n + 1);
@@ -146,11 +146,24 @@ static bool all_off(int n)
     return true;
 }
 
+/* Is another copy of the shim the process's (preloaded twice, from two
+ * paths)? The copy whose API the process finds first is the one callers
+ * reach; every other copy is reached only through it (its calls to the
+ * real functions land here) and stands aside: passes everything through,
+ * writes nothing. */
+static bool another_copy_first(void)
+{
+    Dl_info first, self;
+    void *p = gg_real_dlsym(RTLD_DEFAULT, "gpuguard_stats");
+    return p && dladdr(p, &first) && dladdr((void *)&another_copy_first, &self) &&
+           first.dli_fbase != self.dli_fbase;
+}
+
 static bool start(void)
 {
     char dir[GG_PATH_MAX];
     /* Off is off, however it is spelled: not a trace of the shim. */
-    if (gg_settings_env_off())
+    if (gg_settings_env_off() || another_copy_first())
         return false;
     gg_clock_start();
     start_pid = getpid();
@@ -304,12 +317,19 @@ void gg_life_finish(void)
     int s = atomic_load(&gg_state);
     if (s != GG_STATE_ACTIVE && s != GG_STATE_PASSTHROUGH)
         return;
+    /* exit() from a signal handler that interrupted this thread inside the
+     * shim (a hook, the C API): a lock of the shim's may be this thread's
+     * own. The summary is then written from counters alone: no stacks, no
+     * sites, no names, nothing that takes a lock it could wait on forever. */
+    bool inside = gg_depth != 0;
     int batch, accum;
+    if (inside)
+        gg_journal_final();
     gg_ticker_stop(); /* and the last tick: the timeline to now, what was left out */
     gg_react_python();
-    if (gg_advice_current(&batch, &accum))
+    if (!inside && gg_advice_current(&batch, &accum))
         batch_events(batch, accum, true); /* the phase the process ended in */
-    gg_events_summary(gg_clock_since_start());
+    gg_events_summary(gg_clock_since_start(), !inside);
     if (!proc.quiet)
         say_summary();
 }

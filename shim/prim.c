@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -161,6 +162,61 @@ void gg_pages_free(void *p, size_t size)
 {
     if (p && size)
         munmap(p, size);
+}
+
+/* ---- the side stack ------------------------------------------------------------- */
+
+static GG_TLS char *side_base;
+static GG_TLS size_t side_used;
+static pthread_key_t side_key;
+static pthread_once_t side_once = PTHREAD_ONCE_INIT;
+static bool side_key_ok;
+
+static void side_free(void *base)
+{
+    gg_pages_free(base, GG_SIDE_BYTES);
+    side_base = NULL;
+    side_used = 0;
+}
+
+static void side_key_make(void)
+{
+    side_key_ok = pthread_key_create(&side_key, side_free) == 0;
+}
+
+void *gg_side_push(size_t n)
+{
+    if (gg_unlikely(!side_base)) {
+        pthread_once(&side_once, side_key_make);
+        /* Without a key nothing would unmap it at thread exit: do without. */
+        if (!side_key_ok)
+            return NULL;
+        char *b = gg_pages(GG_SIDE_BYTES);
+        if (!b)
+            return NULL;
+        if (pthread_setspecific(side_key, b) != 0) {
+            gg_pages_free(b, GG_SIDE_BYTES);
+            return NULL;
+        }
+        side_base = b;
+    }
+    size_t at = side_used, need = (n + 15) & ~(size_t)15;
+    if (need < n || need > GG_SIDE_BYTES - at)
+        return NULL;
+    side_used = at + need;
+    return side_base + at;
+}
+
+void gg_side_pop(void *p)
+{
+    char *c = p;
+    if (c && side_base && c >= side_base && c <= side_base + side_used)
+        side_used = (size_t)(c - side_base);
+}
+
+size_t gg_side_used(void)
+{
+    return side_used;
 }
 
 /* ---- one lock --------------------------------------------------------------- */

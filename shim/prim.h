@@ -99,6 +99,22 @@ static inline void gg_spin_reset(gg_spin *s)
     atomic_flag_clear_explicit(&s->f, memory_order_relaxed);
 }
 
+/* ---- the side stack ------------------------------------------------------------ */
+
+/* Big buffers of the cold paths (a journal line, a symbol's name, a captured
+ * stack) live on a per-thread side stack on the heap, not on the thread's
+ * own stack, which may be 16 KiB (user threads, some runtimes' workers):
+ * GG_SIDE_BYTES mapped at a thread's first use, unmapped when it exits.
+ * push(n) returns n bytes (16-aligned) or NULL (no room, no memory: the
+ * caller does without); pop(p) gives back p and everything pushed after
+ * it. Strictly last in, first out, which a signal handler interrupting a
+ * user also keeps. */
+#define GG_SIDE_BYTES (256u << 10)
+void *gg_side_push(size_t n);
+void gg_side_pop(void *p);
+/* Bytes of this thread's side stack in use (tests). */
+size_t gg_side_used(void);
+
 /* ---- numbers ----------------------------------------------------------------- */
 
 /* Atomically raise *max to v if v is larger; true if it was raised. */

@@ -927,6 +927,10 @@ static bool check_code(uintptr_t code, bool checked, const char **why)
 }
 
 /* Name a frame from the code object (under the lock). */
+/* Under g_lock: one frame is named at a time, so its names' buffers are
+ * static, not kilobytes of a thread's stack. */
+static char g_file[FILE_MAX], g_name[FUNC_MAX];
+
 static bool name_frame(const struct gg_py_raw *f, bool checked, struct centry *e)
 {
     uint8_t hdr[CODE_HDR];
@@ -946,10 +950,10 @@ static bool name_frame(const struct gg_py_raw *f, bool checked, struct centry *e
     if (f->addr < -2 || f->addr >= nbytes)
         return false;
 
-    char file[FILE_MAX], name[FUNC_MAX];
+    char *file = g_file, *name = g_name;
     if (!read_str(field_ptr(hdr, L.co_filename), checked, g_strbuf, STR_CHARS_MAX, file,
-                  sizeof file) ||
-        !read_str(func, checked, g_strbuf, STR_CHARS_MAX, name, sizeof name))
+                  FILE_MAX) ||
+        !read_str(func, checked, g_strbuf, STR_CHARS_MAX, name, FUNC_MAX))
         return false;
     int line = -1, firstlineno = field_i32(hdr, L.co_firstlineno);
     int64_t ltsize;
@@ -1006,7 +1010,10 @@ int gg_py_resolve(const struct gg_py_raw *f, int n, bool live, struct gg_py_fram
         checked = false;
     }
     int named = 0;
-    gg_spin_lock(&g_lock);
+    /* A signal handler interrupting a naming on its own thread gets "?"
+     * rather than waiting for itself. */
+    if (!gg_spin_trylock(&g_lock, 1000000))
+        return 0;
     if (!g_cache)
         g_cache = gg_pages(sizeof *g_cache << CACHE_BITS);
     if (!g_intern)

@@ -101,19 +101,24 @@ static bool has_suffix(const char *path, const char *vname)
 
 static void *search_loaded(enum gg_rt rt, const char *name)
 {
-    struct runtimes r = {0};
+    struct runtimes *r = gg_side_push(sizeof *r); /* paths: kilobytes, off the thread's stack */
     void *p = NULL;
-    dl_iterate_phdr(list_runtime, &r);
-    for (int i = 0; i < r.n && !p; i++) {
-        void *h = dlopen(r.path[i], RTLD_LAZY | RTLD_NOLOAD);
+    if (!r)
+        return NULL;
+    r->n = 0;
+    dl_iterate_phdr(list_runtime, r);
+    for (int i = 0; i < r->n && !p; i++) {
+        void *h = dlopen(r->path[i], RTLD_LAZY | RTLD_NOLOAD);
         if (!h)
             continue;
         if (rt == GG_RT_ANY)
             p = gg_real_dlsym(h, name);
-        else if (!(p = dlvsym(h, name, version_names[rt])) && has_suffix(r.path[i], version_names[rt]))
+        else if (!(p = dlvsym(h, name, version_names[rt])) &&
+                 has_suffix(r->path[i], version_names[rt]))
             p = gg_real_dlsym(h, name); /* an unversioned build of that runtime */
         dlclose(h);
     }
+    gg_side_pop(r);
     return p;
 }
 

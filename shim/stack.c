@@ -44,12 +44,19 @@ static GG_COLD void annotate(gg_site site, const struct gg_py_raw *raw, int npy)
     gg_sites_set_note(site, n); /* another thread may have been first */
 }
 
-__attribute__((noinline)) gg_site gg_stack_capture(int dev, int depth)
-{
+/* The frames of one capture: kilobytes, kept on the side stack (prim.h). */
+struct capture {
     uintptr_t ips[GG_UNWIND_MAX], words[2 * GG_STACK_PYTHON_MAX];
     struct gg_py_raw raw[GG_STACK_PYTHON_MAX];
-    if (depth <= 0)
+};
+
+__attribute__((noinline)) gg_site gg_stack_capture(int dev, int depth)
+{
+    struct capture *cap = depth > 0 ? gg_side_push(sizeof *cap) : NULL;
+    if (!cap)
         return GG_SITE_NONE;
+    uintptr_t *ips = cap->ips, *words = cap->words;
+    struct gg_py_raw *raw = cap->raw;
     size_t n = gg_unwind_capture(ips, (size_t)depth, (uintptr_t)__builtin_return_address(0));
     int npy = gg_py_capture(raw, GG_STACK_PYTHON_MAX);
     for (int i = 0; i < npy; i++) {
@@ -59,6 +66,7 @@ __attribute__((noinline)) gg_site gg_stack_capture(int dev, int depth)
     gg_site site = gg_sites_intern(dev, ips, n, words, (size_t)npy);
     if (site != GG_SITE_NONE && gg_unlikely(!gg_sites_note(site)))
         annotate(site, raw, npy);
+    gg_side_pop(cap);
     return site;
 }
 

@@ -135,9 +135,11 @@ static void take_sites(int dev, struct steps *s)
 /* The sites whose live bytes grew since the last reset, largest growth first. */
 static void grown_sites(int dev, const struct steps *s, struct gg_step_verdict *out)
 {
-    struct gg_site_usage now[SNAP_SITES];
-    size_t n = gg_sites_top(dev, now, SNAP_SITES);
+    struct gg_site_usage *now = gg_side_push(SNAP_SITES * sizeof *now); /* 6 KiB */
     out->nsites = 0;
+    if (!now)
+        return;
+    size_t n = gg_sites_top(dev, now, SNAP_SITES);
     for (size_t i = 0; i < n; i++) {
         uint64_t before = 0;
         for (size_t k = 0; k < s->nbase; k++)
@@ -159,6 +161,7 @@ static void grown_sites(int dev, const struct steps *s, struct gg_step_verdict *
                 out->nsites++;
         }
     }
+    gg_side_pop(now);
 }
 
 static bool moved(const struct gg_window *a, const struct gg_window *b, uint64_t step)

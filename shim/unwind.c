@@ -150,10 +150,13 @@ __attribute__((noinline)) size_t gg_unwind_capture(uintptr_t *ips, size_t depth,
         depth = GG_UNWIND_MAX;
     if (gg_unlikely(!unw_ready()))
         return 0;
+    /* The raw frames: a kilobyte and more, on the side stack (prim.h). */
+    void **buf = gg_side_push((GG_UNWIND_MAX + EXTRA_MAX) * sizeof *buf);
+    if (!buf)
+        return 0;
     busy = true;
     if (gg_unlikely(!atomic_load_explicit(&self_state, memory_order_acquire)))
         self_find();
-    void *buf[GG_UNWIND_MAX + EXTRA_MAX];
     int extra = atomic_load_explicit(&extra_frames, memory_order_relaxed);
     int n, first;
     for (;;) {
@@ -180,6 +183,7 @@ __attribute__((noinline)) size_t gg_unwind_capture(uintptr_t *ips, size_t depth,
     for (size_t i = 0; i < kept; i++)
         ips[i] = (uintptr_t)buf[first + (int)i];
     busy = false;
+    gg_side_pop(buf);
     return kept;
 }
 

@@ -97,7 +97,7 @@ static void test_batch_and_summary(void)
     CHECK(strstr(journal(), "\"ev\":\"batch\",\"dev\":0,\"batch_size\":8,\"grad_accum\":4,"
                             "\"peak\":5368709120,\"peak_used\":6442450944,\"live\":1073741824,"
                             "\"final\":true}"));
-    gg_events_summary(1.5);
+    gg_events_summary(1.5, true);
     const char *l = line_of("summary");
     CHECK(l && strstr(l, "\"duration\":1.500000"));
     CHECK(l && strstr(l, "\"peak_stack\":[],\"peak_pystack\":[],\"peak_sites\":[]"));
