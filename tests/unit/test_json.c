@@ -6,6 +6,7 @@
 
 #include "json.h"
 #include "unit.h"
+#include "../fuzz/json_check.h"
 
 static void test_nesting_and_commas(void)
 {
@@ -182,31 +183,6 @@ static void test_large_numbers_whole(void)
 
 /* ---- the property: any bytes, valid JSON in valid UTF-8 ------------------- */
 
-/* A strict UTF-8 validator, by code point arithmetic rather than the
- * writer's byte ranges: each sequence decodes to a value that needs exactly
- * its length, is no surrogate and is at most U+10FFFF. */
-static bool valid_utf8(const unsigned char *s, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3
-                   : (c & 0xf8) == 0xf0 ? 4 : 0;
-        if (!len || len > n - i)
-            return false;
-        uint32_t cp = len == 1 ? c : c & (0x7f >> len);
-        for (size_t k = 1; k < len; k++) {
-            if ((s[i + k] & 0xc0) != 0x80)
-                return false;
-            cp = cp << 6 | (s[i + k] & 0x3f);
-        }
-        static const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
-        if (cp < least[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-            return false;
-        i += len;
-    }
-    return true;
-}
-
 /* The lead byte's sequence length by its bit pattern (0: not a lead). */
 static size_t lead_len(unsigned c)
 {
@@ -225,7 +201,7 @@ static size_t reference_decode(const unsigned char *s, size_t n, unsigned char *
     size_t o = 0;
     for (size_t i = 0; i < n;) {
         size_t len = lead_len(s[i]);
-        if (len && len <= n - i && valid_utf8(s + i, len)) {
+        if (len && len <= n - i && gg_check_utf8(s + i, len)) {
             memcpy(out + o, s + i, len);
             o += len, i += len;
             continue;
@@ -341,7 +317,7 @@ static void test_any_bytes_make_valid_json(void)
         long got_n = j.failed ? -1 : json_unquote(j.buf, j.len, got);
         size_t want_n = reference_decode(in, n, want);
         bool ok = got_n >= 0 && j.len == strlen(j.buf) &&
-                  valid_utf8((const unsigned char *)j.buf, j.len) && (size_t)got_n == want_n &&
+                  gg_check_utf8((const unsigned char *)j.buf, j.len) && (size_t)got_n == want_n &&
                   memcmp(got, want, want_n) == 0;
         if (!ok && bad++ < 5) {
             printf("  bad output for");
@@ -349,11 +325,65 @@ static void test_any_bytes_make_valid_json(void)
                 printf(" %02x", in[i]);
             printf(": %s\n", j.failed ? "(failed)" : j.buf);
         }
-        invalid += !valid_utf8(in, n);
+        invalid += !gg_check_utf8(in, n);
         gg_json_free(&j);
     }
     CHECK_EQ_U64(bad, 0);
     CHECK(invalid > 50000 && invalid < 90000); /* both kinds, in numbers */
+}
+
+/* The oracle the fuzz harnesses trust: it must refuse what is not JSON or
+ * not UTF-8, and take what is. */
+static void test_checker_refuses_bad_lines(void)
+{
+    static const char *const bad[] = {
+        "{\"a\":1}",           /* no newline */
+        "{\"a\":1}\n\n",       /* more after it */
+        "{\"a\":1,}\n",        /* trailing comma */
+        "{\"a\" 1}\n",         /* no colon */
+        "{\"a\":01}\n",        /* leading zero */
+        "[1.]\n", "[1e]\n", "[-]\n", "[.5]\n",
+        "[\"\x01\"]\n",        /* raw control character */
+        "[\"\\x\"]\n",         /* unknown escape */
+        "[\"\\u12\"]\n",       /* short \u */
+        "[\"\xff\"]\n",        /* not UTF-8 */
+        "[\"\xed\xa0\x80\"]\n", /* a surrogate */
+        "[\"\xc0\xaf\"]\n",    /* overlong */
+        "[\"a\"\n",            /* unbalanced */
+        "[\"a\"]]\n", "{\"a\":tru}\n", "\"a\n",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK(gg_check_json_line(bad[i], strlen(bad[i])) == -1);
+    const char *good = "{\"a\":[1,-0.5,2e+10,true,false,null,\"\\u0001\\\"\xf4\x8f\xbf\xbf\"],\"b\":{}}\n";
+    CHECK(gg_check_json_line(good, strlen(good)) == 3);
+}
+
+/* A line built the way events.c builds one, with hostile bytes in every
+ * string: valid JSON, and each string still one string. */
+static void test_event_line_with_hostile_strings(void)
+{
+    const char *hostile = "\xff\"}\\\n\x01\xed\xa0\x80\xc3";
+    char buf[128];
+    struct gg_json j;
+    gg_json_init(&j, buf, sizeof buf);
+    gg_json_obj(&j);
+    gg_json_kf64(&j, "t", 1.25);
+    gg_json_kstr(&j, "ev", "start");
+    gg_json_kstr(&j, "comm", hostile);
+    gg_json_key(&j, "devices");
+    gg_json_arr(&j);
+    gg_json_obj(&j);
+    gg_json_kstr(&j, "name", hostile);
+    gg_json_kstr(&j, "policy", hostile);
+    gg_json_obj_end(&j);
+    gg_json_arr_end(&j);
+    gg_json_key(&j, "text");
+    gg_json_strn(&j, hostile, 4);
+    gg_json_obj_end(&j);
+    gg_json_raw_newline(&j);
+    CHECK(!j.failed);
+    CHECK(gg_check_json_line(j.buf, j.len) == 12); /* 7 keys, 5 string values */
+    gg_json_free(&j);
 }
 
 int main(void)
@@ -367,5 +397,7 @@ int main(void)
     RUN(test_keys_escaped);
     RUN(test_large_numbers_whole);
     RUN(test_any_bytes_make_valid_json);
+    RUN(test_checker_refuses_bad_lines);
+    RUN(test_event_line_with_hostile_strings);
     return unit_done();
 }
