@@ -6,7 +6,7 @@
 #   $(BUILD)/fuzz/fuzz_policy   the policy reader (layer 2)
 #   $(BUILD)/fuzz/fuzz_json     the journal's JSON writer (layer 1)
 #
-# `make test` runs each for FUZZ_BRIEF seconds (tests/e2e/test_hardening_input.py);
+# `make test` runs each briefly (tests/e2e/test_hardening_input.py, class Fuzzing);
 # `make fuzz` for FUZZ_SECONDS each, keeping what it finds in $(BUILD)/fuzz/found/.
 
 FUZZ_CC      ?= clang
