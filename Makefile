@@ -6,6 +6,7 @@
 #   make test-gpu     real PyTorch steps on a GPU (skips without one)
 #   make demo         a simulated training run under the guard
 #   make bench        what the shim costs (DESIGN.md section 6)
+#   make fuzz         the libFuzzer harnesses, FUZZ_SECONDS (60) each (needs clang)
 #   make install PREFIX=/usr/local DESTDIR=
 
 CUDA_HOME ?= /usr/local/cuda
@@ -46,7 +47,7 @@ INTERPOSER := hook_runtime hook_driver lookup api trampoline
 CORE_OBJ  := $(filter-out $(patsubst %,$(BUILD)/shim/%.o,$(INTERPOSER)),$(SHIM_OBJ))
 CORE_LIB  := $(BUILD)/libggcore.a
 
-.PHONY: all deps test test-unit test-e2e test-tsan test-gpu demo bench install clean check-deps
+.PHONY: all deps test test-unit test-e2e test-tsan test-gpu demo bench fuzz install clean check-deps
 all: check-deps $(SHIM_LIB) $(BUILD)/gpuguard-check
 
 # One clear message, with the command that installs what is missing.
@@ -77,6 +78,7 @@ $(BUILD)/shim $(BUILD)/tests/unit $(BUILD)/tests/progs $(BUILD)/fake:
 -include tools/check/check.mk
 -include bench/bench.mk
 -include tests/pyframes/pyframes.mk
+-include tests/fuzz/fuzz.mk
 
 # Unit tests: one per module, linked against the core archive.
 UNIT_SRC  := $(sort $(wildcard tests/unit/test_*.c))
@@ -93,7 +95,7 @@ $(BUILD)/tests/progs/%: tests/progs/%.c $(FAKE_CUDART) | $(BUILD)/tests/progs
 	  -L$(BUILD)/fake -l:libcudart.so.13 -Wl,-rpath,'$$ORIGIN/../../fake' -ldl -lpthread
 
 TEST_DEPS := $(SHIM_LIB) $(BUILD)/gpuguard-check $(FAKE_LIBS) $(UNIT_BIN) $(PROG_BIN) \
-             $(PYFRAMES_TEST)
+             $(PYFRAMES_TEST) $(FUZZ_BIN)
 
 test: deps
 	@$(MAKE) --no-print-directory $(TEST_DEPS)

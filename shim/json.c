@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,10 @@ static bool reserve(struct gg_json *j, size_t n)
         return false;
     if (j->len + n + 1 <= j->cap)
         return true;
+    if (n > SIZE_MAX / 4 - j->len) { /* the doubling below would wrap */
+        j->failed = true;
+        return false;
+    }
     size_t cap = j->cap ? j->cap : 256;
     while (cap < j->len + n + 1)
         cap *= 2;
@@ -96,38 +101,101 @@ void gg_json_obj_end(struct gg_json *j) { close_(j, '}'); }
 void gg_json_arr(struct gg_json *j) { open(j, '['); }
 void gg_json_arr_end(struct gg_json *j) { close_(j, ']'); }
 
+/* The well-formed UTF-8 sequence starting at s[0] (of the n bytes left):
+ * its length (2 to 4), or 0 when there is none, with *bad set to the length
+ * of its maximal subpart (the longest prefix of some well-formed sequence,
+ * at least 1 byte), which one U+FFFD replaces. That is the Unicode
+ * standard's recommended practice (chapter 3, "U+FFFD Substitution of
+ * Maximal Subparts") and exactly what Python's decode(errors="replace")
+ * does. The ranges are the standard's table 3-7: the second byte's range
+ * excludes overlong forms (E0, F0), surrogates (ED) and code points past
+ * U+10FFFF (F4); C0, C1 and F5-FF never start a sequence. Reads nothing
+ * past s[n - 1]. */
+static size_t utf8_seq(const unsigned char *s, size_t n, size_t *bad)
+{
+    unsigned char c = s[0], lo = 0x80, hi = 0xBF; /* the second byte's range */
+    size_t len;
+    if (c >= 0xC2 && c <= 0xDF)
+        len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0)
+            lo = 0xA0;
+        else if (c == 0xED)
+            hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F;
+    } else {
+        *bad = 1;
+        return 0;
+    }
+    for (size_t k = 1; k < len; k++, lo = 0x80, hi = 0xBF) {
+        if (k >= n || s[k] < lo || s[k] > hi) {
+            *bad = k;
+            return 0;
+        }
+    }
+    return len;
+}
+
+/* A JSON string of the bytes s[0..n), whatever they are: valid UTF-8 is
+ * kept, '"', '\\' and control characters are escaped, and each invalid
+ * sequence becomes U+FFFD. The bytes come from outside (paths, environment
+ * values, process, thread and symbol names, the trainer's notes) and a
+ * journal line must stay valid JSON for every reader. U+FFFD rather than
+ * "\u00XX" of the raw byte: the latter would read back as the code point
+ * U+00XX, indistinguishable from a real one (a Latin-1 letter), so the
+ * journal would lie; U+FFFD says plainly that a byte was not text. */
 static void quoted(struct gg_json *j, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
+    const unsigned char *u = (const unsigned char *)s;
+    size_t from = 0; /* where the bytes copied as they are begin */
     putc1(j, '"');
-    size_t run = 0; /* bytes copied as they are, flushed in one put */
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        const char *esc = NULL;
-        char u[6];
-        switch (c) {
-        case '"': esc = "\\\""; break;
-        case '\\': esc = "\\\\"; break;
-        case '\n': esc = "\\n"; break;
-        case '\r': esc = "\\r"; break;
-        case '\t': esc = "\\t"; break;
-        default:
-            if (c < 0x20 || c == 0x7f) {
-                u[0] = '\\'; u[1] = 'u'; u[2] = '0'; u[3] = '0';
-                u[4] = hex[c >> 4]; u[5] = hex[c & 15];
-                put(j, s + i - run, run);
-                run = 0;
-                put(j, u, 6);
-                continue;
-            }
-            run++;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = u[i];
+        const char *esc;
+        size_t esc_len = 2, skip = 1;
+        char ctl[6];
+        if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
+            i++; /* the common case: printable ASCII, as it is */
             continue;
         }
-        put(j, s + i - run, run);
-        run = 0;
-        put(j, esc, strlen(esc));
+        if (c >= 0x80) {
+            size_t bad = 0, len = utf8_seq(u + i, n - i, &bad);
+            if (len) {
+                i += len;
+                continue;
+            }
+            esc = "\xef\xbf\xbd"; /* U+FFFD */
+            esc_len = 3;
+            skip = bad;
+        } else if (c == '"') {
+            esc = "\\\"";
+        } else if (c == '\\') {
+            esc = "\\\\";
+        } else if (c == '\n') {
+            esc = "\\n";
+        } else if (c == '\r') {
+            esc = "\\r";
+        } else if (c == '\t') {
+            esc = "\\t";
+        } else { /* the other controls, and DEL */
+            ctl[0] = '\\'; ctl[1] = 'u'; ctl[2] = '0'; ctl[3] = '0';
+            ctl[4] = hex[c >> 4]; ctl[5] = hex[c & 15];
+            esc = ctl;
+            esc_len = 6;
+        }
+        put(j, s + from, i - from);
+        put(j, esc, esc_len);
+        i += skip;
+        from = i;
     }
-    put(j, s + n - run, run);
+    put(j, s + from, n - from);
     putc1(j, '"');
 }
 
@@ -146,7 +214,6 @@ void gg_json_strn(struct gg_json *j, const char *s, size_t n)
         put(j, "null", 4);
         return;
     }
-    /* Invalid UTF-8 stays as it is: readers get the bytes the program gave. */
     quoted(j, s, n);
 }
 
@@ -164,8 +231,10 @@ static void number(struct gg_json *j, const char *fmt, ...)
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
     sep(j);
-    if (n > 0)
-        put(j, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+    if (n <= 0 || (size_t)n >= sizeof tmp)
+        j->failed = true; /* a cut number would be a wrong one */
+    else
+        put(j, tmp, (size_t)n);
 }
 
 void gg_json_u64(struct gg_json *j, uint64_t v) { number(j, "%llu", (unsigned long long)v); }
@@ -178,7 +247,13 @@ void gg_json_f64(struct gg_json *j, double v)
         gg_json_null(j);
         return;
     }
-    number(j, "%.6f", v);
+    /* %.6f of a large value is hundreds of digits, more than number()
+     * keeps; from 1e15 on, where %.6f's decimals stop meaning anything,
+     * 17 significant digits, which read back exactly. */
+    if (fabs(v) < 1e15)
+        number(j, "%.6f", v);
+    else
+        number(j, "%.17g", v);
 }
 
 void gg_json_bool(struct gg_json *j, bool v)

@@ -220,9 +220,22 @@ void gg_setting_format(enum gg_setting_id id, const struct gg_settings *s,
         int k = 0;
         while (k < 4 && (v->bytes == 0 || v->bytes % (1ull << (10 * (4 - k))) != 0))
             k++;
-        if (v->is_percent)
-            snprintf(out, cap, "%g%%", v->percent);
-        else if (k < 4)
+        if (v->is_percent) {
+            /* Fixed notation, which the size parser reads (it takes no
+             * exponent: %g made 0.0000001% "1e-07%"), with the fewest
+             * decimals that give the value back, at most 15 (the digits
+             * the parser holds), and no trailing zeros. */
+            char num[32];
+            for (int decimals = 0; decimals <= 15; decimals++) {
+                snprintf(num, sizeof num, "%.*f", decimals, v->percent);
+                if (strtod(num, NULL) == v->percent)
+                    break;
+            }
+            size_t n = strlen(num);
+            while (strchr(num, '.') && (num[n - 1] == '0' || num[n - 1] == '.'))
+                num[--n] = '\0';
+            snprintf(out, cap, "%s%%", num);
+        } else if (k < 4)
             snprintf(out, cap, "%llu %s", (unsigned long long)(v->bytes >> (10 * (4 - k))),
                      unit[k]);
         else

@@ -42,6 +42,14 @@ static void test_every_default_parses(void)
     CHECK_STR(text, "(not given)");
     gg_setting_format(GG_SET_headroom, &s, &p, text, sizeof text);
     CHECK_STR(text, "0");
+    /* A share is shown as the size parser reads it: no exponent (found by
+     * tests/fuzz/fuzz_policy: %g showed 0.0000001% as "1e-07%"). */
+    static const char *const shares[] = {"0.0000001%", "12.5%", "33.333333333%", "100%"};
+    for (size_t k = 0; k < GG_COUNT(shares); k++) {
+        CHECK(gg_setting_parse(GG_SET_near_miss, &s, &p, shares[k], why, sizeof why) == 0);
+        gg_setting_format(GG_SET_near_miss, &s, &p, text, sizeof text);
+        CHECK_STR(text, shares[k]);
+    }
 }
 
 static void test_find_and_keys(void)
