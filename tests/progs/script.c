@@ -38,6 +38,7 @@ enum kind {
     S_MALLOC, S_ASYNC, S_ASYNC_PTSZ, S_POOL, S_MANAGED, S_PITCH, S_DRV, S_VMM, S_VMMREL,
     S_ARRAY, S_ARRAY3D, S_MIPMAP, S_3D, S_CUARRAY, S_CUARRAY3D, S_CUMIPMAP,
     S_HOST, S_HOSTALLOC, S_CUHOST, S_VMMHOST, S_V1, S_V1SYM, S_POOLALLOC, S_CUASYNC, S_CUPOOL,
+    S_DLSYM,
 };
 
 struct slot {
@@ -475,6 +476,12 @@ __attribute__((always_inline)) static inline int do_alloc(enum kind k, char *arg
         return (int)cudaMallocPitch(&s->p, &pitch, size, 1);
     }
     case S_DRV: return alloc_drv(s);
+    case S_DLSYM: {
+        CUresult (*fn)(CUdeviceptr *, size_t) =
+            (CUresult(*)(CUdeviceptr *, size_t))driver_sym("cuMemAlloc_v2");
+        current_device();
+        return fn ? (int)fn(&s->va, size) : CUDA_ERROR_NOT_FOUND;
+    }
     case S_VMM: return alloc_vmm(s, 0, 0);
     case S_VMMREL: return alloc_vmm(s, 1, 0);
     case S_VMMHOST: return alloc_vmm(s, 0, 1);
@@ -538,8 +545,11 @@ static int do_free(struct slot *s)
     case S_HOST:
     case S_HOSTALLOC: return (int)cudaFreeHost(s->p);
     case S_CUHOST: return (int)drv_call1("cuMemFreeHost", s->p);
-    case S_DRV: {
-        CUresult (*fn)(CUdeviceptr) = (CUresult(*)(CUdeviceptr))entry("cuMemFree", 0);
+    case S_DRV:
+    case S_DLSYM: {
+        CUresult (*fn)(CUdeviceptr) =
+            (CUresult(*)(CUdeviceptr))(s->kind == S_DRV ? entry("cuMemFree", 0)
+                                                        : driver_sym("cuMemFree_v2"));
         return fn ? (int)fn(s->va) : CUDA_ERROR_NOT_FOUND;
     }
     case S_CUASYNC:
@@ -786,7 +796,7 @@ static int api_kind(const char *name, enum kind *k)
         {"cumipmap", S_CUMIPMAP}, {"host", S_HOST},   {"hostalloc", S_HOSTALLOC},
         {"cuhost", S_CUHOST}, {"vmmhost", S_VMMHOST}, {"v1", S_V1},
         {"v1sym", S_V1SYM},   {"poolalloc", S_POOLALLOC}, {"cuasync", S_CUASYNC},
-        {"cupoolalloc", S_CUPOOL},
+        {"cupoolalloc", S_CUPOOL}, {"dlsym", S_DLSYM},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         if (strcmp(t[i].name, name) == 0) {
