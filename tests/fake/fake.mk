@@ -10,6 +10,11 @@
 #   libplugin12/13.so an extension linked against one runtime (tests/fake/plugin.c)
 #   libtorchlike.so   PyTorch-like caching allocator, needs libcudart.so.13
 #   libnccllike.so    NCCL-like library, no runtime, dlopens libcuda.so.1
+#
+# and the test programs that do not link the fake runtime:
+#   tests/progs/drvprog   linked with -lcuda, no runtime
+#   tests/progs/srtlike   its own runtime, the driver found as NVIDIA's static one does
+#   tests/progs/nvccprog  plain nvcc, NVIDIA's static runtime (only where nvcc exists)
 
 FAKE_DIR    := $(BUILD)/fake
 FAKE_CUDA   := $(FAKE_DIR)/libcuda.so.1
@@ -61,6 +66,28 @@ $(FAKE_NCCL): tests/fake/nccllike.c | $(BUILD)/fake
 
 # Test programs load the driver and the NCCL-like library at run time.
 $(BUILD)/tests/progs/script: | $(FAKE_CUDA) $(FAKE_NCCL)
+
+# Test programs that bring no fake runtime (their own rules, not the one for
+# tests/progs/*.c): drvprog links the driver itself (-lcuda), srtlike carries
+# its own runtime and finds the driver as NVIDIA's static runtime does.
+$(BUILD)/tests/progs/drvprog: tests/progs/drvprog.c $(FAKE_CUDA) | $(BUILD)/tests/progs
+	$(CC) $(CFLAGS) -fno-omit-frame-pointer $(CUDA_INC) $< -o $@ $(LDFLAGS) \
+	  -L$(FAKE_DIR) -lcuda -Wl,-rpath,'$$ORIGIN/../../fake'
+
+$(BUILD)/tests/progs/srtlike: tests/progs/srtlike.c tests/progs/rtcmds.h | $(BUILD)/tests/progs \
+                              $(FAKE_CUDA)
+	$(CC) $(CFLAGS) -fno-omit-frame-pointer $(CUDA_INC) $< -o $@ $(LDFLAGS) -ldl -lpthread
+
+# The same commands built with the real nvcc and its default, static,
+# runtime (tests/progs/nvccprog.cu). Without nvcc nothing is built and the
+# tests that need it say so.
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+NVCC_PROG := $(BUILD)/tests/progs/nvccprog
+$(NVCC_PROG): tests/progs/nvccprog.cu tests/progs/rtcmds.h | $(BUILD)/tests/progs
+	$(NVCC) -o $@ $<
+ifneq ($(wildcard $(NVCC)),)
+$(BUILD)/tests/progs/srtlike: | $(NVCC_PROG)
+endif
 
 # Libraries with real device code for chosen archs (needs nvcc).
 -include tests/arch/arch.mk

@@ -16,14 +16,26 @@
  *   FAKECUDA_FAIL_ALLOC    "3,7": the 3rd and 7th allocation calls fail
  *   FAKECUDA_FAIL_ERROR    the CUresult they fail with (default 2, OOM)
  *   FAKECUDA_INIT_MARK     file that gets one line per process that runs cuInit
+ *   FAKECUDA_TRACE         file that gets one line per cuGetProcAddress and
+ *                          cuGetExportTable call (read at each call: callable
+ *                          before cuInit)
+ *
+ * Besides the current ABI it exports the legacy (v1) entry points the real
+ * library keeps for old binaries (cuMemAlloc with 32-bit pointers and sizes,
+ * ...), stream-ordered memory pools that keep freed memory until trimmed,
+ * CUDA arrays, and host memory that is never charged to a device.
  *
  * See tests/fake/README.md.
  */
+/* Declares the legacy names too (cuMemAlloc, with the v1 types), and both
+ * foo and foo_ptsz, as for the real library's own build. */
+#define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
 
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -37,16 +49,20 @@
 #undef cuGetProcAddress
 CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
                                   cuuint64_t flags);
-CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
-CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
-CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
-                                              CUmemoryPool pool, CUstream hStream);
+
+/* Test hook: the bytes charged to a device now (every process sharing
+ * FAKECUDA_STATE included); UINT64_MAX for no such device or before cuInit. */
+unsigned long long fakecuda_used(int dev);
 
 #define FAKE_DRIVER_VERSION 13000 /* FAKECUDA_DRIVER_VERSION overrides it */
 #define MAXDEV              64
 #define STATE_FILE_SIZE     4096
 #define NSHARD              64
 #define ADDR_BASE           0x700000000000ULL
+/* The legacy (v1) entry points hand out 32-bit device pointers: they come
+ * from their own window below 4 GiB, never reused either. */
+#define ADDR_V1_BASE        0x100000ULL
+#define ADDR_V1_END         0x100000000ULL
 #define GRANULARITY         (2ULL << 20)
 
 /* ------------------------------------------------------------------------ */
@@ -74,7 +90,6 @@ static struct fstate g_local_state;
 static struct fstate *g_st = &g_local_state;
 
 static struct fctx g_ctx[MAXDEV];
-static char g_pool[MAXDEV]; /* default memory pool handles: &g_pool[dev] */
 static _Atomic int g_ctx_refs[MAXDEV];
 static int g_ctx_charged[MAXDEV];
 static pthread_mutex_t g_ctx_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -95,15 +110,26 @@ static CUresult g_fail_err = CUDA_ERROR_OUT_OF_MEMORY;
 static _Atomic uint64_t g_nalloc;
 
 static _Atomic uint64_t g_next_addr = ADDR_BASE;
+static _Atomic uint64_t g_next_v1 = ADDR_V1_BASE;
 
 /* ------------------------------------------------------------------------ */
-/* Live allocations: key -> (size, dev, kind), sharded                       */
+/* Live allocations: key -> (size, dev, kind, owner), sharded               */
 
-enum { K_ALLOC = 1, K_HANDLE = 2, K_VA = 3 };
+/* What a key names. dev < 0: host memory, charged to no device. */
+enum {
+    K_ALLOC = 1,  /* cuMemAlloc*, cuMemAllocManaged: charged per allocation */
+    K_HANDLE = 2, /* cuMemCreate handle */
+    K_VA = 3,     /* cuMemAddressReserve range: charges nothing */
+    K_POOL = 4,   /* allocation from a memory pool (owner): the pool is charged */
+    K_ARRAY = 5,  /* CUarray */
+    K_MIPMAP = 6, /* CUmipmappedArray */
+    K_HOST = 7,   /* cuMemHostAlloc / cuMemAllocHost: host pages, never charged */
+};
 
 struct ent {
     uint64_t key, size;
     int32_t dev, kind;
+    void *owner;
     struct ent *next;
 };
 
@@ -147,7 +173,7 @@ static int shard_grow(struct shard *s)
     return 0;
 }
 
-static int tab_insert(uint64_t key, uint64_t size, int dev, int kind)
+static int tab_insert(uint64_t key, uint64_t size, int dev, int kind, void *owner)
 {
     uint64_t h = mix64(key);
     struct shard *s = &g_sh[h & (NSHARD - 1)];
@@ -167,6 +193,7 @@ static int tab_insert(uint64_t key, uint64_t size, int dev, int kind)
     e->size = size;
     e->dev = dev;
     e->kind = kind;
+    e->owner = owner;
     size_t j = (h >> 6) & s->mask;
     e->next = s->b[j];
     s->b[j] = e;
@@ -175,26 +202,28 @@ static int tab_insert(uint64_t key, uint64_t size, int dev, int kind)
     return 0;
 }
 
-/* Removes key if it is live with that kind; 0 when found. */
-static int tab_remove(uint64_t key, int kind, uint64_t *size, int *dev)
+#define KIND(k) (1u << (k))
+
+/* Removes key if it is live with one of the kinds in mask (KIND bits): its
+ * kind, or 0 when not found; *out gets a copy of the entry. */
+static int tab_remove(uint64_t key, unsigned mask, struct ent *out)
 {
     uint64_t h = mix64(key);
     struct shard *s = &g_sh[h & (NSHARD - 1)];
-    int rc = -1;
+    int rc = 0;
     pthread_mutex_lock(&s->mu);
     if (s->b) {
         struct ent **pp = &s->b[(h >> 6) & s->mask];
         for (struct ent *e = *pp; e; pp = &e->next, e = e->next) {
             if (e->key != key)
                 continue;
-            if (e->kind == kind) {
-                *size = e->size;
-                *dev = e->dev;
+            if (mask & KIND(e->kind)) {
+                *out = *e;
                 *pp = e->next;
                 e->next = s->freelist;
                 s->freelist = e;
                 s->n--;
-                rc = 0;
+                rc = out->kind;
             }
             break;
         }
@@ -258,6 +287,167 @@ static uint64_t new_addr(uint64_t size, uint64_t align)
         return (a + align - 1) & ~(align - 1);
     }
     return atomic_fetch_add(&g_next_addr, step);
+}
+
+/* A v1 (32-bit) device address, or 0 when the window below 4 GiB is used up. */
+static uint64_t new_addr_v1(uint64_t size)
+{
+    uint64_t step = (size + 255) & ~255ULL;
+    if (step == 0)
+        step = 256;
+    uint64_t cur = atomic_load(&g_next_v1);
+    do {
+        if (step > ADDR_V1_END - cur)
+            return 0;
+    } while (!atomic_compare_exchange_weak(&g_next_v1, &cur, cur + step));
+    return cur;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Stream-ordered memory pools                                               */
+/*
+ * A pool holds `reserved` bytes (charged to its device; a host pool charges
+ * nothing) of which `used` are handed out. A free gives the bytes back to the
+ * pool, not to the device; an allocation is served from the pool's free bytes
+ * first and grows the pool (charges the device) only by what is missing.
+ * Memory leaves the pool by cuMemPoolTrimTo, or at a synchronisation: every
+ * cuStreamSynchronize / cuCtxSynchronize trims every pool down to its release
+ * threshold (default 0, as CUDA's; the fake runs no work, so every free is
+ * complete by then). Free bytes are fungible (no fragmentation) and counted
+ * exactly (no chunk granularity).
+ */
+
+#define POOL_MAGIC 0xfac7b001u
+
+struct fpool {
+    uint32_t magic;
+    int dev;      /* device ordinal; -1: host memory */
+    int dflt;     /* a device's default pool: never destroyed */
+    int dead;     /* destroyed, allocations still outstanding */
+    uint64_t max; /* CUmemPoolProps.maxSize; 0: the device's size */
+    uint64_t reserved, reserved_high, used, used_high, threshold;
+    int reuse[3]; /* the three CU_MEMPOOL_ATTR_REUSE_* flags */
+    struct fpool *next;
+};
+
+static pthread_mutex_t g_pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct fpool g_defpool[MAXDEV];  /* cuDeviceGetDefaultMemPool */
+static struct fpool *g_curpool[MAXDEV]; /* cuDeviceSetMemPool; NULL: the default */
+static struct fpool *g_pools;           /* created by cuMemPoolCreate (and dead ones) */
+
+static void pool_init(struct fpool *p, int dev)
+{
+    memset(p, 0, sizeof *p);
+    p->magic = POOL_MAGIC;
+    p->dev = dev;
+    p->reuse[0] = p->reuse[1] = p->reuse[2] = 1;
+}
+
+/* g_pool_mu held: the pool a handle names, NULL for none (or a dead one). */
+static struct fpool *pool_live(CUmemoryPool h, int ndev)
+{
+    uintptr_t a = (uintptr_t)(void *)h, base = (uintptr_t)&g_defpool[0];
+    if (a >= base && a < base + (uintptr_t)ndev * sizeof g_defpool[0] &&
+        (a - base) % sizeof g_defpool[0] == 0)
+        return &g_defpool[(a - base) / sizeof g_defpool[0]];
+    for (struct fpool *q = g_pools; q; q = q->next)
+        if ((uintptr_t)q == a && !q->dead)
+            return q;
+    return NULL;
+}
+
+/* g_pool_mu held: gives the device everything above keep (never what is in use). */
+static void pool_release_to(struct fpool *p, uint64_t keep)
+{
+    if (keep < p->used)
+        keep = p->used;
+    if (p->reserved > keep) {
+        if (p->dev >= 0)
+            uncharge(p->dev, p->reserved - keep);
+        p->reserved = keep;
+    }
+}
+
+/* g_pool_mu held: a destroyed pool goes once nothing of it is in use. */
+static void pool_reap(struct fpool *p)
+{
+    if (!p->dead || p->used)
+        return;
+    pool_release_to(p, 0);
+    for (struct fpool **pp = &g_pools; *pp; pp = &(*pp)->next) {
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    }
+    p->magic = 0;
+    free(p);
+}
+
+static int tab_insert(uint64_t key, uint64_t size, int dev, int kind, void *owner);
+
+/* From pool h, or (h NULL) from device dev's current pool. */
+static CUresult pool_alloc(CUmemoryPool h, int dev, uint64_t size, CUdeviceptr *dptr)
+{
+    /* g_pool_mu, then a shard lock in tab_insert; a free takes them one
+     * after the other, never nested the other way. */
+    pthread_mutex_lock(&g_pool_mu);
+    struct fpool *p = h ? pool_live(h, g_ndev) : g_curpool[dev] ? g_curpool[dev] : &g_defpool[dev];
+    if (!p) {
+        pthread_mutex_unlock(&g_pool_mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    uint64_t spare = p->reserved - p->used;
+    uint64_t grow = size > spare ? size - spare : 0;
+    if (grow) {
+        if (p->max && (grow > p->max || p->reserved > p->max - grow)) {
+            pthread_mutex_unlock(&g_pool_mu);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        CUresult r = p->dev >= 0 ? charge(p->dev, grow) : CUDA_SUCCESS;
+        if (r) {
+            pthread_mutex_unlock(&g_pool_mu);
+            return r;
+        }
+    }
+    uint64_t a = new_addr(size, 256);
+    if (tab_insert(a, size, p->dev, K_POOL, p) != 0) {
+        if (grow && p->dev >= 0)
+            uncharge(p->dev, grow);
+        pthread_mutex_unlock(&g_pool_mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    p->reserved += grow;
+    p->used += size;
+    if (p->reserved > p->reserved_high)
+        p->reserved_high = p->reserved;
+    if (p->used > p->used_high)
+        p->used_high = p->used;
+    pthread_mutex_unlock(&g_pool_mu);
+    *dptr = (CUdeviceptr)a;
+    return CUDA_SUCCESS;
+}
+
+static void pool_free(struct fpool *p, uint64_t size)
+{
+    pthread_mutex_lock(&g_pool_mu);
+    p->used -= size;
+    if (p->dead) {
+        pool_release_to(p, 0);
+        pool_reap(p);
+    }
+    pthread_mutex_unlock(&g_pool_mu);
+}
+
+/* A synchronisation: every pool keeps at most its release threshold free. */
+static void pools_sync(int ndev)
+{
+    pthread_mutex_lock(&g_pool_mu);
+    for (int d = 0; d < ndev; d++)
+        pool_release_to(&g_defpool[d], g_defpool[d].threshold);
+    for (struct fpool *p = g_pools; p; p = p->next)
+        pool_release_to(p, p->threshold);
+    pthread_mutex_unlock(&g_pool_mu);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -462,7 +652,8 @@ static void at_exit(void)
                 struct ent *e = s->b[j];
                 while (e) {
                     struct ent *nx = e->next;
-                    if (e->kind != K_VA)
+                    /* a pool's allocations are charged through the pool */
+                    if (e->kind != K_VA && e->kind != K_POOL && e->dev >= 0)
                         uncharge(e->dev, e->size);
                     e->next = s->freelist;
                     s->freelist = e;
@@ -474,6 +665,16 @@ static void at_exit(void)
         }
         pthread_mutex_unlock(&s->mu);
     }
+    pthread_mutex_lock(&g_pool_mu);
+    for (int d = 0; d < g_ndev; d++) {
+        g_defpool[d].used = 0;
+        pool_release_to(&g_defpool[d], 0);
+    }
+    for (struct fpool *p = g_pools; p; p = p->next) {
+        p->used = 0;
+        pool_release_to(p, 0);
+    }
+    pthread_mutex_unlock(&g_pool_mu);
     pthread_mutex_lock(&g_ctx_mu);
     for (int d = 0; d < g_ndev; d++) {
         if (g_ctx_charged[d]) {
@@ -506,6 +707,8 @@ static void do_init(void)
     for (int d = 0; d < MAXDEV; d++) {
         g_ctx[d].magic = CTX_MAGIC;
         g_ctx[d].dev = d;
+        pool_init(&g_defpool[d], d);
+        g_defpool[d].dflt = 1;
     }
     mark_init();
     if (g_ndev == 0) {
@@ -547,18 +750,30 @@ static CUresult injected(void)
     return CUDA_SUCCESS;
 }
 
-static CUresult alloc_common(CUdeviceptr *dptr, uint64_t size, int dev)
+/* Charges dev and records a new key of that kind: a device address (v1: one
+ * below 4 GiB) or an opaque handle. dev < 0: host memory, nothing charged. */
+static CUresult record(uint64_t *key, uint64_t size, int dev, int kind, int v1)
 {
-    CUresult r = charge(dev, size);
+    CUresult r = dev >= 0 ? charge(dev, size) : CUDA_SUCCESS;
     if (r)
         return r;
-    uint64_t a = new_addr(size, 256);
-    if (tab_insert(a, size, dev, K_ALLOC) != 0) {
-        uncharge(dev, size);
+    uint64_t a = v1 ? new_addr_v1(size) : new_addr(kind == K_ALLOC ? size : 1, 256);
+    if (!a || tab_insert(a, size, dev, kind, NULL) != 0) {
+        if (dev >= 0)
+            uncharge(dev, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *dptr = (CUdeviceptr)a;
+    *key = a;
     return CUDA_SUCCESS;
+}
+
+static CUresult alloc_common(CUdeviceptr *dptr, uint64_t size, int dev)
+{
+    uint64_t a;
+    CUresult r = record(&a, size, dev, K_ALLOC, 0);
+    if (r == CUDA_SUCCESS)
+        *dptr = (CUdeviceptr)a;
+    return r;
 }
 
 /* The usual prologue of an allocation on the current context's device. */
@@ -576,6 +791,8 @@ static CUresult alloc_on_current(CUdeviceptr *dptr, size_t size)
     return alloc_common(dptr, size, t_cur->dev);
 }
 
+/* cuMemFree and cuMemFreeAsync alike: memory from a pool goes back to its
+ * pool, the rest back to the device. */
 static CUresult free_ptr(CUdeviceptr p)
 {
     CUresult r = ready();
@@ -583,12 +800,12 @@ static CUresult free_ptr(CUdeviceptr p)
         return r;
     if (p == 0)
         return CUDA_SUCCESS;
-    uint64_t size;
-    int dev;
-    if (tab_remove((uint64_t)p, K_ALLOC, &size, &dev) != 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    uncharge(dev, size);
-    return CUDA_SUCCESS;
+    struct ent e;
+    switch (tab_remove((uint64_t)p, KIND(K_ALLOC) | KIND(K_POOL), &e)) {
+    case K_ALLOC: uncharge(e.dev, e.size); return CUDA_SUCCESS;
+    case K_POOL: pool_free(e.owner, e.size); return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -695,8 +912,48 @@ CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
         return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(dev))
         return CUDA_ERROR_INVALID_DEVICE;
-    *pool_out = (CUmemoryPool)(void *)&g_pool[dev];
+    *pool_out = (CUmemoryPool)(void *)&g_defpool[dev];
     return CUDA_SUCCESS;
+}
+
+/* The pool cuMemAllocAsync uses on a device. */
+static struct fpool *current_pool(int dev)
+{
+    pthread_mutex_lock(&g_pool_mu);
+    struct fpool *p = g_curpool[dev] ? g_curpool[dev] : &g_defpool[dev];
+    pthread_mutex_unlock(&g_pool_mu);
+    return p;
+}
+
+CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    CUresult r = ready();
+    if (r)
+        return r;
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *pool = (CUmemoryPool)(void *)current_pool(dev);
+    return CUDA_SUCCESS;
+}
+
+/* The pool must be located on that device. */
+CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    CUresult r = ready();
+    if (r)
+        return r;
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_pool_mu);
+    struct fpool *p = pool_live(pool, g_ndev);
+    if (!p || p->dev != dev)
+        r = CUDA_ERROR_INVALID_VALUE;
+    else
+        g_curpool[dev] = p == &g_defpool[dev] ? NULL : p;
+    pthread_mutex_unlock(&g_pool_mu);
+    return r;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -786,12 +1043,68 @@ CUresult CUDAAPI cuCtxGetDevice(CUdevice *device)
     return CUDA_SUCCESS;
 }
 
+/* CUDA 13's cuCtxGetDevice: ctx NULL means the current one. */
+CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
+{
+    if (!ctx)
+        return cuCtxGetDevice(device);
+    CUresult r = ready();
+    if (r)
+        return r;
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fctx *f = as_ctx(ctx);
+    if (!f)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *device = f->dev;
+    return CUDA_SUCCESS;
+}
+
+/* Synchronisation: nothing runs on the fake device, so all that happens is
+ * what the pools do at a synchronize (see pools_sync). */
 CUresult CUDAAPI cuCtxSynchronize(void)
 {
     CUresult r = ready();
     if (r)
         return r;
-    return t_cur ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    if (!t_cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pools_sync(g_ndev);
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx)
+{
+    CUresult r = ready();
+    if (r)
+        return r;
+    if (ctx ? !as_ctx(ctx) : !t_cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pools_sync(g_ndev);
+    return CUDA_SUCCESS;
+}
+
+/* The fake has no stream objects: every handle is the current context's. */
+static CUresult stream_sync(CUstream hStream)
+{
+    (void)hStream;
+    CUresult r = ready();
+    if (r)
+        return r;
+    if (!t_cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pools_sync(g_ndev);
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamSynchronize(CUstream hStream)
+{
+    return stream_sync(hStream);
+}
+
+CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream)
+{
+    return stream_sync(hStream);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -847,32 +1160,47 @@ CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t Wi
     return r;
 }
 
+/* Stream-ordered allocation: from the given pool, or (pool NULL) from the
+ * current pool of the stream's device, i.e. the current context's. The
+ * pool's own device is charged, whatever the caller's current device. */
+static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, int from_pool)
+{
+    CUresult r = ready();
+    if (r)
+        return r;
+    if (!t_cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if ((r = injected()))
+        return r;
+    if (!dptr || size == 0 || (from_pool && !pool))
+        return CUDA_ERROR_INVALID_VALUE;
+    return pool_alloc(from_pool ? pool : NULL, t_cur->dev, size, dptr);
+}
+
 CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     (void)hStream;
-    return alloc_on_current(dptr, bytesize);
+    return alloc_async(dptr, bytesize, NULL, 0);
 }
 
 CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     (void)hStream;
-    return alloc_on_current(dptr, bytesize);
+    return alloc_async(dptr, bytesize, NULL, 0);
 }
 
 CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                          CUstream hStream)
 {
-    (void)pool;
     (void)hStream;
-    return alloc_on_current(dptr, bytesize);
+    return alloc_async(dptr, bytesize, pool, 1);
 }
 
 CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
                                               CUmemoryPool pool, CUstream hStream)
 {
-    (void)pool;
     (void)hStream;
-    return alloc_on_current(dptr, bytesize);
+    return alloc_async(dptr, bytesize, pool, 1);
 }
 
 CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
@@ -892,7 +1220,9 @@ CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
     return free_ptr(dptr);
 }
 
-/* Virtual memory management: only cuMemCreate charges. */
+/* Virtual memory management: only cuMemCreate of device memory charges; a
+ * handle located on the host (HOST, HOST_NUMA, HOST_NUMA_CURRENT) charges
+ * nothing. */
 
 CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                              const CUmemAllocationProp *prop, unsigned long long flags)
@@ -903,20 +1233,24 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         return r;
     if ((r = injected()))
         return r;
-    if (!handle || !prop || size == 0 || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    if (!handle || !prop || size == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    int dev = prop->location.id;
-    if (!valid_dev(dev))
-        return CUDA_ERROR_INVALID_DEVICE;
-    if ((r = charge(dev, size)))
-        return r;
-    uint64_t h = new_addr(1, 256);
-    if (tab_insert(h, size, dev, K_HANDLE) != 0) {
-        uncharge(dev, size);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    int dev;
+    switch (prop->location.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+        if (!valid_dev(prop->location.id))
+            return CUDA_ERROR_INVALID_DEVICE;
+        dev = prop->location.id;
+        break;
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: dev = -1; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
     }
-    *handle = (CUmemGenericAllocationHandle)h;
-    return CUDA_SUCCESS;
+    uint64_t h;
+    if ((r = record(&h, size, dev, K_HANDLE, 0)) == CUDA_SUCCESS)
+        *handle = (CUmemGenericAllocationHandle)h;
+    return r;
 }
 
 CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
@@ -924,11 +1258,11 @@ CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
     CUresult r = ready();
     if (r)
         return r;
-    uint64_t size;
-    int dev;
-    if (tab_remove((uint64_t)handle, K_HANDLE, &size, &dev) != 0)
+    struct ent e;
+    if (tab_remove((uint64_t)handle, KIND(K_HANDLE), &e) != K_HANDLE)
         return CUDA_ERROR_INVALID_VALUE;
-    uncharge(dev, size);
+    if (e.dev >= 0)
+        uncharge(e.dev, e.size);
     return CUDA_SUCCESS;
 }
 
@@ -943,7 +1277,7 @@ CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align
     if (!ptr || size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t a = new_addr(size, alignment ? alignment : GRANULARITY);
-    if (tab_insert(a, size, -1, K_VA) != 0)
+    if (tab_insert(a, size, -1, K_VA, NULL) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *ptr = (CUdeviceptr)a;
     return CUDA_SUCCESS;
@@ -955,9 +1289,8 @@ CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size)
     CUresult r = ready();
     if (r)
         return r;
-    uint64_t sz;
-    int dev;
-    if (tab_remove((uint64_t)ptr, K_VA, &sz, &dev) != 0)
+    struct ent e;
+    if (tab_remove((uint64_t)ptr, KIND(K_VA), &e) != K_VA)
         return CUDA_ERROR_INVALID_VALUE;
     return CUDA_SUCCESS;
 }
@@ -1008,6 +1341,473 @@ CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity,
         return CUDA_ERROR_INVALID_VALUE;
     *granularity = GRANULARITY;
     return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Memory pools                                                              */
+
+CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
+{
+    CUresult r = ready();
+    if (r)
+        return r;
+    if (!pool || !poolProps || poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev;
+    switch (poolProps->location.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+        if (!valid_dev(poolProps->location.id))
+            return CUDA_ERROR_INVALID_VALUE;
+        dev = poolProps->location.id;
+        break;
+    case CU_MEM_LOCATION_TYPE_HOST: /* not IPC capable */
+        if (poolProps->handleTypes != CU_MEM_HANDLE_TYPE_NONE)
+            return CUDA_ERROR_INVALID_VALUE;
+        dev = -1;
+        break;
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA: /* the id is a NUMA node */
+        if (poolProps->location.id < 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        dev = -1;
+        break;
+    default: /* HOST_NUMA_CURRENT included, as documented */
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct fpool *p = malloc(sizeof *p);
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pool_init(p, dev);
+    p->max = poolProps->maxSize;
+    pthread_mutex_lock(&g_pool_mu);
+    p->next = g_pools;
+    g_pools = p;
+    pthread_mutex_unlock(&g_pool_mu);
+    *pool = (CUmemoryPool)(void *)p;
+    return CUDA_SUCCESS;
+}
+
+/* A device's default pool cannot be destroyed. A pool with allocations still
+ * out is released once the last of them is freed; destroying a device's
+ * current pool makes the default one current again. */
+CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool)
+{
+    CUresult r = ready();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_pool_mu);
+    struct fpool *p = pool_live(pool, g_ndev);
+    if (!p || p->dflt) {
+        pthread_mutex_unlock(&g_pool_mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (p->dev >= 0 && g_curpool[p->dev] == p)
+        g_curpool[p->dev] = NULL;
+    p->dead = 1;
+    pool_release_to(p, 0);
+    pool_reap(p);
+    pthread_mutex_unlock(&g_pool_mu);
+    return CUDA_SUCCESS;
+}
+
+/* Keeps at least minBytesToKeep reserved, and never what is in use. */
+CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    CUresult r = ready();
+    if (r)
+        return r;
+    pthread_mutex_lock(&g_pool_mu);
+    struct fpool *p = pool_live(pool, g_ndev);
+    if (p)
+        pool_release_to(p, minBytesToKeep);
+    pthread_mutex_unlock(&g_pool_mu);
+    return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    CUresult r = ready();
+    if (r)
+        return r;
+    if (!value)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_pool_mu);
+    struct fpool *p = pool_live(pool, g_ndev);
+    cuuint64_t v64;
+    if (!p) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        switch (attr) {
+        case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+            p->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES] = *(int *)value != 0;
+            break;
+        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+            memcpy(&v64, value, sizeof v64);
+            p->threshold = v64;
+            break;
+        /* the high watermarks can only be reset (to the current value) */
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+            memcpy(&v64, value, sizeof v64);
+            if (v64)
+                r = CUDA_ERROR_INVALID_VALUE;
+            else if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+                p->reserved_high = p->reserved;
+            else
+                p->used_high = p->used;
+            break;
+        default: r = CUDA_ERROR_INVALID_VALUE; break; /* the current values are read-only */
+        }
+    }
+    pthread_mutex_unlock(&g_pool_mu);
+    return r;
+}
+
+CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    CUresult r = ready();
+    if (r)
+        return r;
+    if (!value)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_pool_mu);
+    struct fpool *p = pool_live(pool, g_ndev);
+    cuuint64_t v64 = 0;
+    if (!p) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        switch (attr) {
+        case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+            *(int *)value = p->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
+            break;
+        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: v64 = p->threshold; break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: v64 = p->reserved; break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: v64 = p->reserved_high; break;
+        case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: v64 = p->used; break;
+        case CU_MEMPOOL_ATTR_USED_MEM_HIGH: v64 = p->used_high; break;
+        default: r = CUDA_ERROR_INVALID_VALUE; break;
+        }
+        if (r == CUDA_SUCCESS && attr >= CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+            memcpy(value, &v64, sizeof v64); /* a known cuuint64_t attribute */
+    }
+    pthread_mutex_unlock(&g_pool_mu);
+    return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Arrays                                                                    */
+/*
+ * Charged width x max(height,1) x max(depth,1) x the element's bytes, summed
+ * over the mip levels (each halves width, height and, unless layered or a
+ * cubemap, depth, down to 1), the total rounded up to 512 B. Sparse and
+ * deferred-mapping arrays have no memory of their own (it comes from
+ * cuMemCreate when mapped): charged nothing. Any overflow, a zero width, a
+ * depth without a height (unless layered) or a format the fake does not size
+ * (block-compressed, YUV): CUDA_ERROR_INVALID_VALUE.
+ */
+
+/* Bytes of one element: the classic formats have 1, 2 or 4 channels of the
+ * format's size; the normalized ones say their channels in their name. */
+static int element_bytes(CUarray_format f, unsigned ch, uint64_t *out)
+{
+    unsigned size = 0, fixed = 0;
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: size = 1; break;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: size = 2; break;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT: size = 4; break;
+    case CU_AD_FORMAT_UNORM_INT8X1: case CU_AD_FORMAT_SNORM_INT8X1: size = 1, fixed = 1; break;
+    case CU_AD_FORMAT_UNORM_INT8X2: case CU_AD_FORMAT_SNORM_INT8X2: size = 1, fixed = 2; break;
+    case CU_AD_FORMAT_UNORM_INT8X4: case CU_AD_FORMAT_SNORM_INT8X4: size = 1, fixed = 4; break;
+    case CU_AD_FORMAT_UNORM_INT16X1: case CU_AD_FORMAT_SNORM_INT16X1: size = 2, fixed = 1; break;
+    case CU_AD_FORMAT_UNORM_INT16X2: case CU_AD_FORMAT_SNORM_INT16X2: size = 2, fixed = 2; break;
+    case CU_AD_FORMAT_UNORM_INT16X4: case CU_AD_FORMAT_SNORM_INT16X4: size = 2, fixed = 4; break;
+    default: return -1;
+    }
+    if ((ch != 1 && ch != 2 && ch != 4) || (fixed && ch != fixed))
+        return -1;
+    *out = (uint64_t)size * ch;
+    return 0;
+}
+
+static CUresult array_bytes(uint64_t w, uint64_t h, uint64_t d, CUarray_format fmt, unsigned ch,
+                            unsigned flags, unsigned levels, uint64_t *out)
+{
+    uint64_t elem;
+    if (w == 0 || levels == 0 || element_bytes(fmt, ch, &elem) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int layered = (flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
+    if (h == 0 && d != 0 && !(flags & CUDA_ARRAY3D_LAYERED))
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((flags & CUDA_ARRAY3D_CUBEMAP) &&
+        (w != h || d == 0 || ((flags & CUDA_ARRAY3D_LAYERED) ? d % 6 : d != 6)))
+        return CUDA_ERROR_INVALID_VALUE;
+    /* no more levels than halvings of the largest extent that is halved */
+    uint64_t big = w > h ? w : h;
+    if (!layered && d > big)
+        big = d;
+    unsigned maxlev = 1;
+    while (big >>= 1)
+        maxlev++;
+    if (levels > maxlev)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t total = 0;
+    for (unsigned l = 0; l < levels; l++) {
+        uint64_t lw = w >> l, lh = h >> l, ld = layered ? d : d >> l, b;
+        lw = lw ? lw : 1;
+        lh = h == 0 ? 1 : lh ? lh : 1;
+        ld = d == 0 ? 1 : ld ? ld : 1;
+        if (__builtin_mul_overflow(lw, lh, &b) || __builtin_mul_overflow(b, ld, &b) ||
+            __builtin_mul_overflow(b, elem, &b) || __builtin_add_overflow(total, b, &total))
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (total > UINT64_MAX - 511)
+        return CUDA_ERROR_INVALID_VALUE;
+    *out = flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING) ? 0
+                                                                         : (total + 511) & ~511ULL;
+    return CUDA_SUCCESS;
+}
+
+/* An array's extent and format, whichever descriptor it came in. */
+struct adesc {
+    uint64_t w, h, d;
+    CUarray_format fmt;
+    unsigned ch, flags;
+};
+
+/* An array (kind K_ARRAY or K_MIPMAP) on the current context's device; a
+ * NULL handle or descriptor is CUDA_ERROR_INVALID_VALUE. */
+static CUresult array_create(void *handle_out, const struct adesc *a, unsigned levels, int kind)
+{
+    CUresult r = ready();
+    if (r)
+        return r;
+    if (!t_cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if ((r = injected()))
+        return r;
+    uint64_t bytes, h;
+    if (!handle_out || !a)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((r = array_bytes(a->w, a->h, a->d, a->fmt, a->ch, a->flags, levels, &bytes)) ||
+        (r = record(&h, bytes, t_cur->dev, kind, 0)))
+        return r;
+    void *p = (void *)(uintptr_t)h; /* CUarray and CUmipmappedArray are opaque pointers */
+    memcpy(handle_out, &p, sizeof p);
+    return CUDA_SUCCESS;
+}
+
+static CUresult array_destroy(void *handle, int kind)
+{
+    CUresult r = ready();
+    if (r)
+        return r;
+    struct ent e;
+    if (tab_remove((uint64_t)(uintptr_t)handle, KIND(kind), &e) != kind)
+        return CUDA_ERROR_INVALID_HANDLE;
+    uncharge(e.dev, e.size);
+    return CUDA_SUCCESS;
+}
+
+#define ADESC2(x) ((struct adesc){(x)->Width, (x)->Height, 0, (x)->Format, (x)->NumChannels, 0})
+#define ADESC3(x)                                                                          \
+    ((struct adesc){(x)->Width, (x)->Height, (x)->Depth, (x)->Format, (x)->NumChannels, (x)->Flags})
+
+CUresult CUDAAPI cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)
+{
+    struct adesc a = pAllocateArray ? ADESC2(pAllocateArray) : (struct adesc){0};
+    return array_create(pHandle, pAllocateArray ? &a : NULL, 1, K_ARRAY);
+}
+
+CUresult CUDAAPI cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
+{
+    struct adesc a = pAllocateArray ? ADESC3(pAllocateArray) : (struct adesc){0};
+    return array_create(pHandle, pAllocateArray ? &a : NULL, 1, K_ARRAY);
+}
+
+CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
+                                        const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+                                        unsigned int numMipmapLevels)
+{
+    const CUDA_ARRAY3D_DESCRIPTOR *d = pMipmappedArrayDesc;
+    struct adesc a = d ? ADESC3(d) : (struct adesc){0};
+    return array_create(pHandle, d ? &a : NULL, numMipmapLevels, K_MIPMAP);
+}
+
+CUresult CUDAAPI cuArrayDestroy(CUarray hArray)
+{
+    return array_destroy(hArray, K_ARRAY);
+}
+
+CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
+{
+    return array_destroy(hMipmappedArray, K_MIPMAP);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Host memory: real, page-aligned pages of this process, charged to no     */
+/* device (mmap, so that a size larger than the machine's memory works as    */
+/* long as it is not touched).                                               */
+
+#define HOST_FLAGS (CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)
+
+CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+    CUresult r = ready();
+    if (r)
+        return r;
+    if (!t_cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if ((r = injected()))
+        return r;
+    if (!pp || bytesize == 0 || (Flags & ~(unsigned)HOST_FLAGS))
+        return CUDA_ERROR_INVALID_VALUE;
+    void *p = mmap(NULL, bytesize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (tab_insert((uint64_t)(uintptr_t)p, bytesize, -1, K_HOST, NULL) != 0) {
+        munmap(p, bytesize);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemAllocHost_v2(void **pp, size_t bytesize)
+{
+    return cuMemHostAlloc(pp, bytesize, 0);
+}
+
+CUresult CUDAAPI cuMemFreeHost(void *p)
+{
+    CUresult r = ready();
+    if (r)
+        return r;
+    struct ent e;
+    if (tab_remove((uint64_t)(uintptr_t)p, KIND(K_HOST), &e) != K_HOST)
+        return CUDA_ERROR_INVALID_VALUE;
+    munmap(p, e.size);
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Legacy (v1) entry points                                                  */
+/*
+ * What the real library keeps for binaries built before CUDA 3.2, with the
+ * ABI cuda.h gives them: 32-bit device pointers (CUdeviceptr_v1) and 32-bit
+ * sizes. Device pointers come from a window below 4 GiB so that they fit
+ * (and are freed by cuMemFree_v2 too); sizes read back (cuMemGetInfo,
+ * cuDeviceTotalMem) are clamped to 4 GiB - 1, as the real library does.
+ */
+
+static unsigned int clamp32(uint64_t v)
+{
+    return v > UINT32_MAX ? UINT32_MAX : (unsigned int)v;
+}
+
+CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
+{
+    CUresult r = ready();
+    if (r)
+        return r;
+    if (!t_cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if ((r = injected()))
+        return r;
+    if (!dptr || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t a;
+    if ((r = record(&a, bytesize, t_cur->dev, K_ALLOC, 1)) == CUDA_SUCCESS)
+        *dptr = (CUdeviceptr_v1)a;
+    return r;
+}
+
+CUresult CUDAAPI cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes,
+                                 unsigned int Height, unsigned int ElementSizeBytes)
+{
+    CUresult r = ready();
+    if (r)
+        return r;
+    if (!t_cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if ((r = injected()))
+        return r;
+    uint64_t pitch = ((uint64_t)WidthInBytes + 511) & ~511ULL;
+    if (!dptr || !pPitch || WidthInBytes == 0 || Height == 0 || pitch > UINT32_MAX ||
+        (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t a;
+    if ((r = record(&a, pitch * Height, t_cur->dev, K_ALLOC, 1)) == CUDA_SUCCESS) {
+        *dptr = (CUdeviceptr_v1)a;
+        *pPitch = (unsigned int)pitch;
+    }
+    return r;
+}
+
+CUresult CUDAAPI cuMemFree(CUdeviceptr_v1 dptr)
+{
+    return free_ptr((CUdeviceptr)dptr);
+}
+
+CUresult CUDAAPI cuMemGetInfo(unsigned int *free_bytes, unsigned int *total)
+{
+    size_t f, t;
+    CUresult r = cuMemGetInfo_v2(free_bytes ? &f : NULL, total ? &t : NULL);
+    if (r == CUDA_SUCCESS) {
+        *free_bytes = clamp32(f);
+        *total = clamp32(t);
+    }
+    return r;
+}
+
+CUresult CUDAAPI cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+    size_t t;
+    CUresult r = cuDeviceTotalMem_v2(bytes ? &t : NULL, dev);
+    if (r == CUDA_SUCCESS)
+        *bytes = clamp32(t);
+    return r;
+}
+
+CUresult CUDAAPI cuMemAllocHost(void **pp, unsigned int bytesize)
+{
+    return cuMemHostAlloc(pp, bytesize, 0);
+}
+
+CUresult CUDAAPI cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray)
+{
+    struct adesc a = pAllocateArray ? ADESC2(pAllocateArray) : (struct adesc){0};
+    return array_create(pHandle, pAllocateArray ? &a : NULL, 1, K_ARRAY);
+}
+
+CUresult CUDAAPI cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray)
+{
+    struct adesc a = pAllocateArray ? ADESC3(pAllocateArray) : (struct adesc){0};
+    return array_create(pHandle, pAllocateArray ? &a : NULL, 1, K_ARRAY);
+}
+
+/* The same as _v2 (the v2 only changed what happens to the context). */
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    return cuDevicePrimaryCtxRelease_v2(dev);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Test hook                                                                 */
+
+unsigned long long fakecuda_used(int dev)
+{
+    if (ready() || !valid_dev(dev))
+        return UINT64_MAX;
+    return atomic_load_explicit(&g_st->used[dev], memory_order_relaxed);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1064,9 +1864,52 @@ CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr)
 /* ------------------------------------------------------------------------ */
 /* Entry points                                                              */
 
+/* FAKECUDA_TRACE: one line per lookup, so that a test can tell what a
+ * caller (a static runtime, say) asked the driver for. */
+static void trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void trace(const char *fmt, ...)
+{
+    const char *path = getenv("FAKECUDA_TRACE");
+    if (!path || !*path)
+        return;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n <= 0)
+        return;
+    if ((size_t)n >= sizeof line)
+        n = sizeof line - 1;
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+    if (fd < 0)
+        return;
+    if (write(fd, line, (size_t)n) < 0) {
+        /* nothing to do */
+    }
+    close(fd);
+}
+
+/* The driver's private interface: function tables by UUID that NVIDIA's own
+ * runtime (libcudart, and the static libcudart_static.a in every program
+ * nvcc builds) needs before its first call. Their contents are undocumented,
+ * so the fake has none: every table is CUDA_ERROR_NOT_SUPPORTED, and such a
+ * runtime's first call fails with cudaErrorNotSupported (801). */
+CUresult CUDAAPI cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId)
+{
+    if (!ppExportTable || !pExportTableId)
+        return CUDA_ERROR_INVALID_VALUE;
+    const unsigned char *u = (const unsigned char *)pExportTableId->bytes;
+    trace("cuGetExportTable %02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n",
+          u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+          u[14], u[15]);
+    *ppExportTable = NULL;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
 struct sym {
     const char *name;
-    int version; /* first CUDA version with this ABI */
+    int version; /* first CUDA version with this ABI (cudaTypedefs.h's PFN_name_vVERSION) */
     void *fn;
     void *ptsz;  /* per-thread-default-stream variant, if any */
 };
@@ -1074,29 +1917,57 @@ struct sym {
 #define S(n, v, f)     {n, v, (void *)(f), NULL}
 #define SP(n, v, f, p) {n, v, (void *)(f), (void *)(p)}
 
+/* One row per ABI: a request for a version gets the newest ABI not newer. */
 static const struct sym g_syms[] = {
     S("cuInit", 2000, cuInit),
     S("cuDriverGetVersion", 2020, cuDriverGetVersion),
     S("cuDeviceGetCount", 2000, cuDeviceGetCount),
     S("cuDeviceGet", 2000, cuDeviceGet),
     S("cuDeviceGetName", 2000, cuDeviceGetName),
+    S("cuDeviceTotalMem", 2000, cuDeviceTotalMem),
     S("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
     S("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
     S("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
+    S("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
+    S("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool),
     S("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    S("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease),
     S("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
     S("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
     S("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
     S("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    S("cuCtxGetDevice", 13000, cuCtxGetDevice_v2),
     S("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    S("cuCtxSynchronize", 13000, cuCtxSynchronize_v2),
+    SP("cuStreamSynchronize", 2000, cuStreamSynchronize, cuStreamSynchronize_ptsz),
+    S("cuMemGetInfo", 2000, cuMemGetInfo),
     S("cuMemGetInfo", 3020, cuMemGetInfo_v2),
+    S("cuMemAlloc", 2000, cuMemAlloc),
     S("cuMemAlloc", 3020, cuMemAlloc_v2),
+    S("cuMemFree", 2000, cuMemFree),
     S("cuMemFree", 3020, cuMemFree_v2),
     S("cuMemAllocManaged", 6000, cuMemAllocManaged),
+    S("cuMemAllocPitch", 2000, cuMemAllocPitch),
     S("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
+    S("cuMemAllocHost", 2000, cuMemAllocHost),
+    S("cuMemAllocHost", 3020, cuMemAllocHost_v2),
+    S("cuMemHostAlloc", 2020, cuMemHostAlloc),
+    S("cuMemFreeHost", 2000, cuMemFreeHost),
     SP("cuMemAllocAsync", 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz),
     SP("cuMemFreeAsync", 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz),
     SP("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz),
+    S("cuMemPoolCreate", 11020, cuMemPoolCreate),
+    S("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
+    S("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
+    S("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute),
+    S("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
+    S("cuArrayCreate", 2000, cuArrayCreate),
+    S("cuArrayCreate", 3020, cuArrayCreate_v2),
+    S("cuArray3DCreate", 2000, cuArray3DCreate),
+    S("cuArray3DCreate", 3020, cuArray3DCreate_v2),
+    S("cuArrayDestroy", 2000, cuArrayDestroy),
+    S("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
+    S("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
     S("cuMemCreate", 10020, cuMemCreate),
     S("cuMemRelease", 10020, cuMemRelease),
     S("cuMemAddressReserve", 10020, cuMemAddressReserve),
@@ -1107,12 +1978,14 @@ static const struct sym g_syms[] = {
     S("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
     S("cuGetErrorString", 6000, cuGetErrorString),
     S("cuGetErrorName", 6000, cuGetErrorName),
+    S("cuGetExportTable", 3000, cuGetExportTable),
     S("cuGetProcAddress", 11030, cuGetProcAddress),
     S("cuGetProcAddress", 12000, cuGetProcAddress_v2),
 };
 
-CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
-                                     cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)
+/* Both ABIs of cuGetProcAddress; the trace says which one was called. */
+static CUresult getproc(const char *via, const char *symbol, void **pfn, int cudaVersion,
+                        cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)
 {
     if (!symbol || !pfn)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1125,6 +1998,8 @@ CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVer
         if (g_syms[i].version <= cudaVersion && (!best || g_syms[i].version > best->version))
             best = &g_syms[i];
     }
+    trace("%s %s %d %llu %s\n", via, symbol, cudaVersion, (unsigned long long)flags,
+          best ? "found" : named ? "version_not_sufficient" : "not_found");
     if (!best) {
         *pfn = NULL;
         if (symbolStatus)
@@ -1139,8 +2014,14 @@ CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVer
     return CUDA_SUCCESS;
 }
 
+CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                     cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)
+{
+    return getproc("cuGetProcAddress_v2", symbol, pfn, cudaVersion, flags, symbolStatus);
+}
+
 CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
                                   cuuint64_t flags)
 {
-    return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+    return getproc("cuGetProcAddress", symbol, pfn, cudaVersion, flags, NULL);
 }

@@ -40,9 +40,14 @@ static struct {
     CUresult (*DeviceGet)(CUdevice *, int);
     CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
     CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
+    CUresult (*DeviceGetMemPool)(CUmemoryPool *, CUdevice);
+    CUresult (*DeviceSetMemPool)(CUdevice, CUmemoryPool);
     CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*CtxSetCurrent)(CUcontext);
-    CUresult (*CtxSynchronize)(void);
+    CUresult (*CtxSynchronize)(void);       /* below CUDA 13 */
+    CUresult (*CtxSynchronize_v2)(CUcontext); /* CUDA 13 */
+    CUresult (*StreamSynchronize)(CUstream);
+    CUresult (*StreamSynchronize_ptsz)(CUstream);
     CUresult (*MemGetInfo)(size_t *, size_t *);
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
@@ -54,6 +59,18 @@ static struct {
     CUresult (*MemFreeAsync_ptsz)(CUdeviceptr, CUstream);
     CUresult (*MemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
     CUresult (*MemAllocFromPoolAsync_ptsz)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+    CUresult (*MemPoolCreate)(CUmemoryPool *, const CUmemPoolProps *);
+    CUresult (*MemPoolDestroy)(CUmemoryPool);
+    CUresult (*MemPoolTrimTo)(CUmemoryPool, size_t);
+    CUresult (*MemPoolSetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*MemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*Array3DCreate)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+    CUresult (*ArrayDestroy)(CUarray);
+    CUresult (*MipmappedArrayCreate)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
+    CUresult (*MipmappedArrayDestroy)(CUmipmappedArray);
+    CUresult (*MemHostAlloc)(void **, size_t, unsigned int);
+    CUresult (*MemAllocHost)(void **, size_t);
+    CUresult (*MemFreeHost)(void *);
 } D;
 
 static pfn_getproc g_getproc;
@@ -152,9 +169,18 @@ static void do_load(void)
     RESOLVE(DeviceGet, "cuDeviceGet", L);
     RESOLVE(DeviceGetAttribute, "cuDeviceGetAttribute", L);
     RESOLVE(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", L);
+    RESOLVE(DeviceGetMemPool, "cuDeviceGetMemPool", L);
+    RESOLVE(DeviceSetMemPool, "cuDeviceSetMemPool", L);
     RESOLVE(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", L);
     RESOLVE(CtxSetCurrent, "cuCtxSetCurrent", L);
-    RESOLVE(CtxSynchronize, "cuCtxSynchronize", L);
+    /* CUDA 13 changed cuCtxSynchronize's ABI: asked at our version, the
+     * driver hands out the one of that version. */
+    if (RT_VERSION >= 13000)
+        RESOLVE(CtxSynchronize_v2, "cuCtxSynchronize", L);
+    else
+        RESOLVE(CtxSynchronize, "cuCtxSynchronize", L);
+    RESOLVE(StreamSynchronize, "cuStreamSynchronize", L);
+    RESOLVE(StreamSynchronize_ptsz, "cuStreamSynchronize", P);
     RESOLVE(MemGetInfo, "cuMemGetInfo", L);
     RESOLVE(MemAlloc, "cuMemAlloc", L);
     RESOLVE(MemFree, "cuMemFree", L);
@@ -166,6 +192,18 @@ static void do_load(void)
     RESOLVE(MemFreeAsync_ptsz, "cuMemFreeAsync", P);
     RESOLVE(MemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", L);
     RESOLVE(MemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", P);
+    RESOLVE(MemPoolCreate, "cuMemPoolCreate", L);
+    RESOLVE(MemPoolDestroy, "cuMemPoolDestroy", L);
+    RESOLVE(MemPoolTrimTo, "cuMemPoolTrimTo", L);
+    RESOLVE(MemPoolSetAttribute, "cuMemPoolSetAttribute", L);
+    RESOLVE(MemPoolGetAttribute, "cuMemPoolGetAttribute", L);
+    RESOLVE(Array3DCreate, "cuArray3DCreate", L);
+    RESOLVE(ArrayDestroy, "cuArrayDestroy", L);
+    RESOLVE(MipmappedArrayCreate, "cuMipmappedArrayCreate", L);
+    RESOLVE(MipmappedArrayDestroy, "cuMipmappedArrayDestroy", L);
+    RESOLVE(MemHostAlloc, "cuMemHostAlloc", L);
+    RESOLVE(MemAllocHost, "cuMemAllocHost", L);
+    RESOLVE(MemFreeHost, "cuMemFreeHost", L);
     if (missing)
         g_load_err = cudaErrorInsufficientDriver;
 }
@@ -199,6 +237,14 @@ static cudaError_t rt_init(void)
     pthread_once(&g_init_once, do_init);
     return g_init_err;
 }
+
+/* Entry points that pick a D.* before ensure_ctx need a loaded driver. */
+#define NEED_LOAD()                                                                        \
+    do {                                                                                   \
+        cudaError_t le_ = rt_load();                                                       \
+        if (le_ != cudaSuccess)                                                            \
+            return ret(le_);                                                               \
+    } while (0)
 
 /* The current device's primary context is current on this thread. */
 static cudaError_t ensure_ctx(void)
@@ -294,12 +340,62 @@ cudaError_t CUDARTAPI cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int de
     return ret_cu(r);
 }
 
+cudaError_t CUDARTAPI cudaDeviceGetMemPool(cudaMemPool_t *memPool, int device)
+{
+    cudaError_t e = rt_init();
+    if (e != cudaSuccess)
+        return ret(e);
+    if (!memPool)
+        return ret(cudaErrorInvalidValue);
+    if (device < 0 || device >= g_ndev)
+        return ret(cudaErrorInvalidDevice);
+    CUdevice d;
+    CUresult r = D.DeviceGet(&d, device);
+    if (r == CUDA_SUCCESS)
+        r = D.DeviceGetMemPool((CUmemoryPool *)memPool, d);
+    return ret_cu(r);
+}
+
+cudaError_t CUDARTAPI cudaDeviceSetMemPool(int device, cudaMemPool_t memPool)
+{
+    cudaError_t e = rt_init();
+    if (e != cudaSuccess)
+        return ret(e);
+    if (device < 0 || device >= g_ndev)
+        return ret(cudaErrorInvalidDevice);
+    CUdevice d;
+    CUresult r = D.DeviceGet(&d, device);
+    if (r == CUDA_SUCCESS)
+        r = D.DeviceSetMemPool(d, (CUmemoryPool)memPool);
+    return ret_cu(r);
+}
+
 cudaError_t CUDARTAPI cudaDeviceSynchronize(void)
 {
     cudaError_t e = ensure_ctx();
     if (e != cudaSuccess)
         return ret(e);
-    return ret_cu(D.CtxSynchronize());
+    return ret_cu(D.CtxSynchronize ? D.CtxSynchronize() : D.CtxSynchronize_v2(NULL));
+}
+
+static cudaError_t stream_sync(CUresult (*fn)(CUstream), cudaStream_t stream)
+{
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    return ret_cu(fn((CUstream)stream));
+}
+
+cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream)
+{
+    NEED_LOAD();
+    return stream_sync(D.StreamSynchronize, stream);
+}
+
+cudaError_t CUDARTAPI cudaStreamSynchronize_ptsz(cudaStream_t stream)
+{
+    NEED_LOAD();
+    return stream_sync(D.StreamSynchronize_ptsz, stream);
 }
 
 cudaError_t CUDARTAPI cudaDriverGetVersion(int *driverVersion)
@@ -428,14 +524,6 @@ static cudaError_t malloc_pool(CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPoo
     return ret_cu(r);
 }
 
-/* The stream-ordered entry points need a loaded driver to know D.*. */
-#define NEED_LOAD()                                                                        \
-    do {                                                                                   \
-        cudaError_t le_ = rt_load();                                                       \
-        if (le_ != cudaSuccess)                                                            \
-            return ret(le_);                                                               \
-    } while (0)
-
 cudaError_t CUDARTAPI cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
 {
     NEED_LOAD();
@@ -472,6 +560,229 @@ cudaError_t CUDARTAPI cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cuda
 {
     NEED_LOAD();
     return malloc_pool(D.MemAllocFromPoolAsync_ptsz, ptr, size, memPool, stream);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Memory pools: straight to the driver's (the pools are the driver's).     */
+
+cudaError_t CUDARTAPI cudaMemPoolCreate(cudaMemPool_t *memPool, const struct cudaMemPoolProps *poolProps)
+{
+    if (!memPool || !poolProps)
+        return ret(cudaErrorInvalidValue);
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    CUmemPoolProps p;
+    memset(&p, 0, sizeof p);
+    p.allocType = (CUmemAllocationType)poolProps->allocType;
+    p.handleTypes = (CUmemAllocationHandleType)poolProps->handleTypes;
+    p.location.type = (CUmemLocationType)poolProps->location.type;
+    p.location.id = poolProps->location.id;
+    p.win32SecurityAttributes = poolProps->win32SecurityAttributes;
+    p.maxSize = poolProps->maxSize;
+    p.usage = poolProps->usage;
+    return ret_cu(D.MemPoolCreate((CUmemoryPool *)memPool, &p));
+}
+
+cudaError_t CUDARTAPI cudaMemPoolDestroy(cudaMemPool_t memPool)
+{
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    return ret_cu(D.MemPoolDestroy((CUmemoryPool)memPool));
+}
+
+cudaError_t CUDARTAPI cudaMemPoolTrimTo(cudaMemPool_t memPool, size_t minBytesToKeep)
+{
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    return ret_cu(D.MemPoolTrimTo((CUmemoryPool)memPool, minBytesToKeep));
+}
+
+/* cudaMemPoolAttr and CUmemPool_attribute share their values. */
+cudaError_t CUDARTAPI cudaMemPoolSetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr,
+                                              void *value)
+{
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    return ret_cu(D.MemPoolSetAttribute((CUmemoryPool)memPool, (CUmemPool_attribute)attr, value));
+}
+
+cudaError_t CUDARTAPI cudaMemPoolGetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr,
+                                              void *value)
+{
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    return ret_cu(D.MemPoolGetAttribute((CUmemoryPool)memPool, (CUmemPool_attribute)attr, value));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Arrays and 3-D memory: through the driver's cuArray3DCreate,             */
+/* cuMipmappedArrayCreate and cuMemAllocPitch.                               */
+
+/* A channel descriptor as the driver's format and channel count: 1, 2 or 4
+ * channels of the same size, signed, unsigned or float (16 or 32 bits). */
+static cudaError_t channel_format(const struct cudaChannelFormatDesc *d, CUarray_format *fmt,
+                                  unsigned *nch)
+{
+    int bits = d->x;
+    unsigned n = !d->y ? 1 : !d->z ? 2 : 4;
+    if (bits <= 0 || (n == 2 && d->w) || (n == 4 && !d->w) || (n == 1 && (d->z || d->w)) ||
+        (n >= 2 && d->y != bits) || (n == 4 && (d->z != bits || d->w != bits)))
+        return cudaErrorInvalidChannelDescriptor;
+    switch (d->f) {
+    case cudaChannelFormatKindSigned:
+        *fmt = bits == 8    ? CU_AD_FORMAT_SIGNED_INT8
+               : bits == 16 ? CU_AD_FORMAT_SIGNED_INT16
+               : bits == 32 ? CU_AD_FORMAT_SIGNED_INT32
+                            : CU_AD_FORMAT_MAX;
+        break;
+    case cudaChannelFormatKindUnsigned:
+        *fmt = bits == 8    ? CU_AD_FORMAT_UNSIGNED_INT8
+               : bits == 16 ? CU_AD_FORMAT_UNSIGNED_INT16
+               : bits == 32 ? CU_AD_FORMAT_UNSIGNED_INT32
+                            : CU_AD_FORMAT_MAX;
+        break;
+    case cudaChannelFormatKindFloat:
+        *fmt = bits == 16 ? CU_AD_FORMAT_HALF : bits == 32 ? CU_AD_FORMAT_FLOAT : CU_AD_FORMAT_MAX;
+        break;
+    default: *fmt = CU_AD_FORMAT_MAX; break;
+    }
+    if (*fmt == CU_AD_FORMAT_MAX)
+        return cudaErrorInvalidChannelDescriptor;
+    *nch = n;
+    return cudaSuccess;
+}
+
+/* cudaArray_t and CUarray are the same handles, as are the mipmapped ones. */
+static cudaError_t array3d(void **out, const struct cudaChannelFormatDesc *desc, size_t w, size_t h,
+                           size_t d, unsigned flags, unsigned levels)
+{
+    if (!out || !desc)
+        return ret(cudaErrorInvalidValue);
+    *out = NULL;
+    CUDA_ARRAY3D_DESCRIPTOR a;
+    memset(&a, 0, sizeof a);
+    cudaError_t e = channel_format(desc, &a.Format, &a.NumChannels);
+    if (e != cudaSuccess)
+        return ret(e);
+    if ((e = ensure_ctx()) != cudaSuccess)
+        return ret(e);
+    a.Width = w;
+    a.Height = h;
+    a.Depth = d;
+    a.Flags = flags; /* cudaArray* flags have the CUDA_ARRAY3D_* values */
+    CUresult r = levels ? D.MipmappedArrayCreate((CUmipmappedArray *)out, &a, levels)
+                        : D.Array3DCreate((CUarray *)out, &a);
+    return ret_cu(r);
+}
+
+cudaError_t CUDARTAPI cudaMallocArray(cudaArray_t *array, const struct cudaChannelFormatDesc *desc,
+                                      size_t width, size_t height, unsigned int flags)
+{
+    return array3d((void **)array, desc, width, height, 0, flags, 0);
+}
+
+cudaError_t CUDARTAPI cudaMalloc3DArray(cudaArray_t *array, const struct cudaChannelFormatDesc *desc,
+                                        struct cudaExtent extent, unsigned int flags)
+{
+    return array3d((void **)array, desc, extent.width, extent.height, extent.depth, flags, 0);
+}
+
+cudaError_t CUDARTAPI cudaMallocMipmappedArray(cudaMipmappedArray_t *mipmappedArray,
+                                               const struct cudaChannelFormatDesc *desc,
+                                               struct cudaExtent extent, unsigned int numLevels,
+                                               unsigned int flags)
+{
+    /* numLevels 0 would mean a plain array here: the driver rejects it */
+    if (numLevels == 0)
+        return ret(cudaErrorInvalidValue);
+    return array3d((void **)mipmappedArray, desc, extent.width, extent.height, extent.depth, flags,
+                   numLevels);
+}
+
+cudaError_t CUDARTAPI cudaFreeArray(cudaArray_t array)
+{
+    if (!array)
+        return cudaSuccess;
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    return ret_cu(D.ArrayDestroy((CUarray)array));
+}
+
+cudaError_t CUDARTAPI cudaFreeMipmappedArray(cudaMipmappedArray_t mipmappedArray)
+{
+    if (!mipmappedArray)
+        return cudaSuccess;
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    return ret_cu(D.MipmappedArrayDestroy((CUmipmappedArray)mipmappedArray));
+}
+
+/* Pitched linear memory: width bytes rounded up to the pitch, for each of
+ * height x depth rows (one cuMemAllocPitch of height x depth rows). */
+cudaError_t CUDARTAPI cudaMalloc3D(struct cudaPitchedPtr *pitchedDevPtr, struct cudaExtent extent)
+{
+    if (!pitchedDevPtr)
+        return ret(cudaErrorInvalidValue);
+    memset(pitchedDevPtr, 0, sizeof *pitchedDevPtr);
+    size_t rows;
+    if (__builtin_mul_overflow(extent.height, extent.depth, &rows))
+        return ret(cudaErrorInvalidValue);
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    CUdeviceptr p = 0;
+    size_t pitch = 0;
+    CUresult r = D.MemAllocPitch(&p, &pitch, extent.width, rows, 16);
+    if (r == CUDA_SUCCESS) {
+        pitchedDevPtr->ptr = (void *)(uintptr_t)p;
+        pitchedDevPtr->pitch = pitch;
+        pitchedDevPtr->xsize = extent.width;
+        pitchedDevPtr->ysize = extent.height;
+    }
+    return ret_cu(r);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Host memory: the driver's page-locked host allocations.                   */
+
+cudaError_t CUDARTAPI cudaMallocHost(void **ptr, size_t size)
+{
+    if (!ptr)
+        return ret(cudaErrorInvalidValue);
+    *ptr = NULL;
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    return ret_cu(D.MemAllocHost(ptr, size));
+}
+
+/* cudaHostAlloc* flags have the CU_MEMHOSTALLOC_* values. */
+cudaError_t CUDARTAPI cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
+{
+    if (!pHost)
+        return ret(cudaErrorInvalidValue);
+    *pHost = NULL;
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    return ret_cu(D.MemHostAlloc(pHost, size, flags));
+}
+
+cudaError_t CUDARTAPI cudaFreeHost(void *ptr)
+{
+    if (!ptr)
+        return cudaSuccess;
+    cudaError_t e = ensure_ctx();
+    if (e != cudaSuccess)
+        return ret(e);
+    return ret_cu(D.MemFreeHost(ptr));
 }
 
 cudaError_t CUDARTAPI cudaMemGetInfo(size_t *free_bytes, size_t *total)
