@@ -43,7 +43,8 @@ static bool open_driver(gg_report_fn report, void *ctx)
     return false;
 }
 
-static void apply_policy(int i, struct gg_device *d, gg_report_fn report, void *ctx, bool say_env)
+/* Apply device i's policy; true when its problems leave it observing. */
+static bool apply_policy(int i, struct gg_device *d, gg_report_fn report, void *ctx, bool say_env)
 {
     struct gg_policy *p = &policies[i];
     int problems = gg_policy_apply_env(p, say_env ? report : NULL, ctx);
@@ -66,12 +67,32 @@ static void apply_policy(int i, struct gg_device *d, gg_report_fn report, void *
         if (d->mode != GG_MODE_OFF)
             d->mode = GG_MODE_OBSERVE;
     }
-    if ((problems || p->broken) && (d->mode == GG_MODE_ENFORCE || d->mode == GG_MODE_AUTO)) {
+    bool demoted = (problems || p->broken) &&
+                   (d->mode == GG_MODE_ENFORCE || d->mode == GG_MODE_AUTO);
+    if (demoted)
         d->mode = GG_MODE_OBSERVE;
-        say(report, ctx, "GPU%d: policy problems above; observing only, nothing will be refused",
-            i);
-    }
     atomic_store(&d->enforcing, d->mode == GG_MODE_ENFORCE);
+    return demoted;
+}
+
+/* "0-3,5,7-8": the devices set in `on`, as ranges. */
+static void ranges(const bool *on, int n, char *out, size_t cap)
+{
+    size_t len = 0;
+    out[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        if (!on[i])
+            continue;
+        int j = i;
+        while (j + 1 < n && on[j + 1])
+            j++;
+        int w = j > i ? snprintf(out + len, cap - len, "%s%d-%d", len ? "," : "", i, j)
+                      : snprintf(out + len, cap - len, "%s%d", len ? "," : "", i);
+        if (w < 0 || (size_t)w >= cap - len)
+            return;
+        len += (size_t)w;
+        i = j;
+    }
 }
 
 int gg_devices_init(const struct gg_process *proc, gg_report_fn report, void *ctx)
@@ -107,8 +128,15 @@ int gg_devices_init(const struct gg_process *proc, gg_report_fn report, void *ct
         d->present = true;
     }
     gg_policy_select(proc->policy, names, n, policies, report, ctx);
+    bool demoted[GG_MAX_DEVICES] = {false}, any = false;
     for (int i = 0; i < n; i++)
-        apply_policy(i, &gg_devices[i], report, ctx, i == 0);
+        any |= demoted[i] = apply_policy(i, &gg_devices[i], report, ctx, i == 0);
+    if (any) { /* one line for them all, however many GPUs */
+        char which[256];
+        ranges(demoted, n, which, sizeof which);
+        say(report, ctx, "GPU%s: policy problems above; observing only, nothing will be refused",
+            which);
+    }
     gg_device_count = n;
     return n;
 }

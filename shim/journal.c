@@ -155,25 +155,35 @@ static GG_COLD int reopen(int stale)
 
 /* ---- lines before the journal opens ---------------------------------------------- */
 
-#define PENDING 16
-#define PENDING_LEN 1024
-static char pending[PENDING][PENDING_LEN];
-static size_t pending_len[PENDING];
-static int npending;
+/* What the start says before the journal opens (problems in the policies,
+ * the start event of a node with 16 GPUs): kept whole, back to back, in
+ * pages mapped for the start and unmapped after; what does not fit is
+ * counted as lost. */
+#define PENDING_BYTES (256u << 10)
+static char *pending;
+static size_t pending_used;
 static bool holding;
 
 void gg_journal_hold(void)
 {
     holding = true;
-    npending = 0;
+    pending_used = 0;
+    if (!pending)
+        pending = gg_pages(PENDING_BYTES);
 }
 
 void gg_journal_release(bool open)
 {
     holding = false;
-    for (int i = 0; open && i < npending; i++)
-        gg_journal_write(pending[i], pending_len[i]);
-    npending = 0;
+    for (size_t at = 0; open && pending && at < pending_used;) {
+        const char *nl = memchr(pending + at, '\n', pending_used - at);
+        size_t len = nl ? (size_t)(nl - (pending + at)) + 1 : pending_used - at;
+        gg_journal_write(pending + at, len);
+        at += len;
+    }
+    pending_used = 0;
+    gg_pages_free(pending, PENDING_BYTES);
+    pending = NULL;
 }
 
 /* One write; what a full disk (or a file size limit) let through of a line
@@ -206,11 +216,13 @@ bool gg_journal_write(const char *line, size_t len)
 {
     if (holding) {
         /* Only the starting thread writes while holding (others wait). */
-        if (npending < PENDING && len <= PENDING_LEN) {
-            memcpy(pending[npending], line, len);
-            pending_len[npending++] = len;
+        if (pending && len <= PENDING_BYTES - pending_used) {
+            memcpy(pending + pending_used, line, len);
+            pending_used += len;
+            return true;
         }
-        return true;
+        atomic_fetch_add_explicit(&lost, 1, memory_order_relaxed);
+        return false;
     }
     int f = atomic_load_explicit(&fd, memory_order_relaxed);
     if (f < 0)

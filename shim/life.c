@@ -39,29 +39,49 @@ static _Atomic bool finished;
 
 /* ---- problems while starting --------------------------------------------------- */
 
-/* Each problem is one line on stderr and one `error` event; a file says at
- * most PER_FILE of them, then how many more there were. */
+/* Each problem of a policy file is one line on stderr and one `error`
+ * event, bounded however broken the input: a file says at most PER_FILE,
+ * all files together at most TOTAL, and then one line each says how many
+ * more there were (the first FILES files by name, the rest together).
+ * Problems that name no file are the shim's own, one per cause: said. */
 #define PER_FILE 10
+#define TOTAL 30
 #define FILES 16
 static struct {
     char file[GG_PATH_MAX];
-    int count;
+    int count, told;
 } said[FILES];
-static int nsaid;
+static int nsaid, told_all;
+static long more_problems, more_files;
+static char more_last[GG_PATH_MAX];
 
 static void report(void *ctx, const char *file, int line, const char *msg)
 {
     (void)ctx;
+    if (!*file) {
+        gg_events_error("%s", msg);
+        return;
+    }
     int k = 0;
     while (k < nsaid && strcmp(said[k].file, file) != 0)
         k++;
     if (k == nsaid && nsaid < FILES)
         snprintf(said[nsaid++].file, GG_PATH_MAX, "%s", file);
-    if (k < FILES && ++said[k].count > PER_FILE)
+    if (k < FILES)
+        said[k].count++;
+    if (k >= FILES || said[k].told >= PER_FILE || told_all >= TOTAL) {
+        if (k >= FILES) {
+            more_problems++;
+            if (strcmp(more_last, file) != 0) { /* a file's problems come together */
+                more_files++;
+                snprintf(more_last, sizeof more_last, "%s", file);
+            }
+        }
         return;
-    if (!*file)
-        gg_events_error("%s", msg);
-    else if (line > 0)
+    }
+    said[k].told++;
+    told_all++;
+    if (line > 0)
         gg_events_error("%s:%d: %s", file, line, msg);
     else
         gg_events_error("%s: %s", file, msg);
@@ -69,12 +89,19 @@ static void report(void *ctx, const char *file, int line, const char *msg)
 
 static void report_more(void)
 {
-    for (int k = 0; k < nsaid; k++)
-        if (said[k].count > PER_FILE)
+    for (int k = 0; k < nsaid; k++) {
+        int more = said[k].count - said[k].told;
+        if (more > 0)
             gg_events_error("%s: ...and %d more problem%s (gpuguard-check --lint %s lists them)",
-                            said[k].file, said[k].count - PER_FILE,
-                            said[k].count - PER_FILE == 1 ? "" : "s", said[k].file);
-    nsaid = 0;
+                            said[k].file, more, more == 1 ? "" : "s", said[k].file);
+    }
+    if (more_problems)
+        gg_events_error("...and %ld more problem%s in %ld more policy file%s (gpuguard-check "
+                        "--lint lists them)", more_problems, more_problems == 1 ? "" : "s",
+                        more_files, more_files == 1 ? "" : "s");
+    nsaid = told_all = 0;
+    more_problems = more_files = 0;
+    more_last[0] = '\0';
 }
 
 /* ---- start ------------------------------------------------------------------------ */
