@@ -391,6 +391,7 @@ static void check_candidate(struct table *t, const struct object *o, unsigned lo
     struct module *m = module_of(t, o);
     if (m) { /* it registered fat binaries */
         judge_module(m);
+        gg_progress();
         return;
     }
     struct gg_fatbin fb;

@@ -115,6 +115,7 @@ int gg_devices_init(const struct gg_process *proc, gg_report_fn report, void *ct
         struct gg_device *d = &gg_devices[i];
         struct gg_gpu g;
         r = gg_driver_gpu(i, &g, &call);
+        gg_progress();
         snprintf(d->name, sizeof d->name, "%s", g.name[0] ? g.name : "unknown GPU");
         names[i] = d->name;
         d->cc_major = g.cc_major;

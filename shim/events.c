@@ -54,13 +54,22 @@ static GG_COLD void say_lost(uint64_t n)
     gg_json_free(&j);
 }
 
+/* Said at most once a minute (a nearly full disk may take small lines and
+ * lose big ones, over and over); the summary carries the total. */
+#define LOST_EVERY_NS 60000000000ull
+static _Atomic uint64_t lost_said_ns;
+
 static void end(struct gg_json *j)
 {
     gg_json_obj_end(j);
     gg_json_raw_newline(j);
     uint64_t unsaid = gg_journal_lost_unsaid();
-    if (gg_unlikely(unsaid))
-        say_lost(unsaid);
+    if (gg_unlikely(unsaid)) {
+        uint64_t now = gg_now_ns(), last = atomic_load(&lost_said_ns);
+        if ((!last || now - last >= LOST_EVERY_NS) &&
+            atomic_compare_exchange_strong(&lost_said_ns, &last, now))
+            say_lost(unsaid);
+    }
     if (!j->failed)
         gg_journal_write(j->buf, j->len);
     gg_json_free(j);

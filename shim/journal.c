@@ -47,7 +47,7 @@ static void end_turn(void)
 }
 static off_t end;                    /* the journal's size: whole lines only */
 static _Atomic uint64_t lost, lost_said; /* lines not written; of them, said in the journal */
-static bool failing;                 /* the last write failed (said once on stderr) */
+static bool failing;                 /* a write has failed (said once on stderr) */
 
 /* The first life of pid P is gpuguard.<comm>.P.jsonl; a file of that name
  * already there (the same pid in an earlier container, or this process
@@ -204,9 +204,9 @@ static bool write_whole(int f, const char *line, size_t len)
         if (write(f, "\n", 1) == 1)
             end += n + 1;
     }
-    if (!failing) {
+    if (!failing) { /* once: the count is in the summary */
         failing = true;
-        gg_say("cannot write the journal %s: %s; lines are lost, and counted, until it can",
+        gg_say("cannot write the journal %s: %s; lines that do not fit are lost, and counted",
                path, strerror(why));
     }
     return false;
@@ -233,8 +233,6 @@ bool gg_journal_write(const char *line, size_t len)
     bool ok = false;
     if (f >= 0 && take_turn()) {
         ok = write_whole(f, line, len);
-        if (ok)
-            failing = false;
         end_turn();
     } else if (f >= 0 && final_lines) {
         /* The exit path on a thread whose own write it interrupted (a

@@ -222,6 +222,8 @@ static bool start(void)
     return true;
 }
 
+#define STALL_NS 30000000000ull /* 30 s: longer than any single step of a start */
+
 bool gg_enter_slow(void)
 {
     int s = atomic_load(&gg_state);
@@ -242,12 +244,21 @@ bool gg_enter_slow(void)
         }
         s = expected;
     }
-    /* Another thread is starting: wait for it (nothing may go uncounted),
-     * but never forever. */
-    for (int i = 0; s == GG_STATE_STARTING && i < 200000; i++) {
+    /* Another thread is starting: wait for it (nothing may go uncounted) as
+     * long as it moves; a start that has not moved for STALL_NS is stuck
+     * (on a lock this thread holds, maybe) and this call passes through. */
+    uint64_t seen = gg_progress_count(), moved = gg_now_ns();
+    while (s == GG_STATE_STARTING) {
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
         s = atomic_load(&gg_state);
+        uint64_t now = gg_now_ns(), p = gg_progress_count();
+        if (p != seen) {
+            seen = p;
+            moved = now;
+        } else if (now - moved > STALL_NS) {
+            break;
+        }
     }
     if (s == GG_STATE_ACTIVE) {
         gg_depth = 1;

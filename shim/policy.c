@@ -212,6 +212,7 @@ int gg_policy_dir_each(const char *dir, gg_policy_each_fn fn, void *arg, int *mo
             } else {
                 seen++;
                 rc = fn(arg, path, names[i]->d_name);
+                gg_progress();
             }
         }
         free(names[i]);

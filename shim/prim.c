@@ -164,6 +164,20 @@ void gg_pages_free(void *p, size_t size)
         munmap(p, size);
 }
 
+/* ---- progress --------------------------------------------------------------------- */
+
+static _Atomic uint64_t progress;
+
+void gg_progress(void)
+{
+    atomic_fetch_add_explicit(&progress, 1, memory_order_relaxed);
+}
+
+uint64_t gg_progress_count(void)
+{
+    return atomic_load_explicit(&progress, memory_order_relaxed);
+}
+
 /* ---- the side stack ------------------------------------------------------------- */
 
 static GG_TLS char *side_base;

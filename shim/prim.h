@@ -99,6 +99,16 @@ static inline void gg_spin_reset(gg_spin *s)
     atomic_flag_clear_explicit(&s->f, memory_order_relaxed);
 }
 
+/* ---- progress ------------------------------------------------------------------- */
+
+/* The start bumps this as it goes (a policy file read, a device queried, a
+ * module checked): threads waiting for it wait as long as it moves, so a
+ * slow start (a directory of thousands of policies, 16 GPUs) leaves nothing
+ * uncounted, while one that stopped moving (blocked on a lock the waiter
+ * holds: the loader's, say) lets them go. */
+void gg_progress(void);
+uint64_t gg_progress_count(void);
+
 /* ---- the side stack ------------------------------------------------------------ */
 
 /* Big buffers of the cold paths (a journal line, a symbol's name, a captured

@@ -598,10 +598,16 @@ static int g_fail_totalmem;
 static const char *g_calls_file;
 static _Atomic unsigned long long g_meminfo_calls;
 
+/* FAKECUDA_QUERY_DELAY_MS=N: each cuDeviceTotalMem takes N ms, as a
+ * driver without persistence mode may on a node of many GPUs. */
+static long g_query_delay_ms;
+
 static void parse_misc(void)
 {
     const char *v = getenv("FAKECUDA_FAIL_TOTALMEM");
     g_fail_totalmem = v && *v == '1';
+    v = getenv("FAKECUDA_QUERY_DELAY_MS");
+    g_query_delay_ms = v ? atol(v) : 0;
     g_calls_file = getenv("FAKECUDA_CALLS");
 }
 
@@ -878,6 +884,11 @@ CUresult CUDAAPI cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
         return CUDA_ERROR_INVALID_DEVICE;
     if (g_fail_totalmem)
         return CUDA_ERROR_UNKNOWN;
+    if (g_query_delay_ms > 0) {
+        struct timespec ts = {g_query_delay_ms / 1000, (g_query_delay_ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0) {
+        }
+    }
     *bytes = g_dev[dev].total;
     return CUDA_SUCCESS;
 }

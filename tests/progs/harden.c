@@ -261,7 +261,7 @@ static void run(char *cmd)
             args[n++] = tok;
         args[n] = NULL;
         fflush(stdout);
-        execv("/proc/self/exe", args);
+        execv(g_argv[0], args); /* by its path: the process keeps its name */
         die("execv", strerror(errno));
     } else if (!strcmp(cmd, "huge")) {
         void *p = NULL;
