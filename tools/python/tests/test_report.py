@@ -454,7 +454,7 @@ class VerdictTest(ReportTestBase):
                       "11.8 GiB", out)
         self.assertIn("   trend        over steps 1 .. 60 (least squares): peak +64 MiB/step, "
                       "live +64 MiB/step", out)
-        self.assertIn("   leak         leak: +64 MiB per step since step 3", out)
+        self.assertIn("   leak         +64 MiB per step since step 3 from train.py:57", out)
         self.assertIn("                live 7.1 GiB at step 50", out)
         self.assertIn("                sites whose live bytes grew, largest first:", out)
         self.assertIn("                  +3 GiB      py#0 train.py:57 in train_step", out)
