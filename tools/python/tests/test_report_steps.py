@@ -233,6 +233,7 @@ class LeaksAndForecasts(Base):
     def test_step_chart(self):
         p = self.leaky(forecast_at=180)
         page = self.html(p.write(self.tmp))
+        self.assertEqual(ET.fromstring(page[len("<!DOCTYPE html>"):]).tag, "html")   # well-formed
         svgs = [ET.fromstring(s) for s in re.findall(r'<svg\b[^>]*class="steps".*?</svg>', page, re.S)]
         self.assertEqual(len(svgs), 1)
         svg = svgs[0]
@@ -296,8 +297,8 @@ class ManySteps(Base):
                         % (0.5 * k, k, peak, peak + GiB, live))
         return path
 
-    def test_millions_of_steps_stay_bounded(self):
-        small, big = self.write_steps(25000), self.write_steps(100000, spike=73457)
+    def test_step_lines_stay_bounded_whatever_their_number(self):
+        small, big = self.write_steps(20000), self.write_steps(80000, spike=73457)
         peaks = []
         for path in (small, big):
             tracemalloc.start()
@@ -308,13 +309,13 @@ class ManySteps(Base):
         self.assertLess(peaks[1], 2 * peaks[0], peaks)
         self.assertLess(peaks[1], os.path.getsize(big) // 4, peaks)
         d = j.devices[0]
-        self.assertEqual(d.steps, 100000)
+        self.assertEqual(d.steps, 80000)
         pts = d.step_series.points()
         self.assertLessEqual(len(pts), 6 * rpt.TIMELINE_BUCKETS)
         self.assertIn(73457, [s[0] for s in pts])              # the spike and the dip survive
         self.assertEqual(max(s[1] for s in pts), 23 * GiB)
         self.assertEqual(min(s[2] for s in pts), GiB)
-        self.assertEqual((pts[0][0], pts[-1][0]), (1, 100000))
+        self.assertEqual((pts[0][0], pts[-1][0]), (1, 80000))
         # the chart draws an envelope of a few points per pixel, spike included
         page = os.path.join(self.tmp, "r.html")
         out = self.main("--html", page, big)
@@ -325,7 +326,7 @@ class ManySteps(Base):
         top = min(float(v) for v in re.findall(r"[ML][\d.]+,([\d.]+)", d_peak))
         self.assertLess(top, 40)                               # 23 of 24 GiB: near the top
         self.assertLess(len(out.splitlines()), 60)
-        self.assertIn("   steps        1 .. 100 000 (100 000 journaled; 2 steps/s), highest step "
+        self.assertIn("   steps        1 .. 80 000 (80 000 journaled; 2 steps/s), highest step "
                       "peak 23.0 GiB", out)
 
 
