@@ -1,8 +1,9 @@
 """Journals built event by event in the shape the shim writes them: the
-fields and their order of shim/init.c (start, summary), shim/guard.c
-(sample, near_miss/refused/oom, mode), shim/advice.c (advice), and of
-DESIGN.md's journal table for the events the shim does not write yet
-(batch, step, leak; pystack)."""
+fields and their order of shim/events.c (start, mode, sample,
+near_miss/refused/oom with pystack and, for a thread without Python frames,
+thread; advice, batch, arch, summary with peak_pystack), and of DESIGN.md's
+journal table for the events the shim does not write yet (step, leak,
+advice's forecast)."""
 import json
 import os
 
@@ -59,7 +60,7 @@ class Process(object):
         self.events.append({"t": t, "ev": "sample", "dev": dev, "current": current, "used": used})
 
     def incident(self, kind, t, dev, nbytes, used, api="cudaMalloc", count=None,
-                 stack=ALLOC_STACK, pystack=ALLOC_PYSTACK):
+                 stack=ALLOC_STACK, pystack=ALLOC_PYSTACK, thread=None):
         d = self.devices[dev]
         e = {"t": t, "ev": kind, "dev": dev, "api": api, "bytes": nbytes, "used": used,
              "limit": d["limit"], "total": d["total"]}
@@ -67,6 +68,8 @@ class Process(object):
             e["count"] = count
         e["stack"] = stack
         e["pystack"] = pystack
+        if not pystack and thread:
+            e["thread"] = thread
         self.events.append(e)
         self._count(dev, {"near_miss": "near_misses", "refused": "refusals", "oom": "ooms"}[kind])
 
@@ -103,8 +106,9 @@ class Process(object):
                          "ooms": c.get("ooms", 0), "live_bytes": live if used else 0,
                          "live_allocs": 1 if used else 0, "unknown_frees": 0,
                          "peak_stack": ALLOC_STACK if used else [],
-                         "peak_sites": [{"stack": ALLOC_STACK, "bytes": self.peak[dev],
-                                         "allocs": allocs}] if used else []})
+                         "peak_pystack": ALLOC_PYSTACK if used else [],
+                         "peak_sites": [{"stack": ALLOC_STACK, "pystack": ALLOC_PYSTACK,
+                                         "bytes": self.peak[dev], "allocs": allocs}] if used else []})
         self.events.append({"t": t, "ev": "summary", "duration": t, "sites": 1, "devices": devs})
 
     def write(self, directory):

@@ -204,26 +204,32 @@ class TextReportTest(ReportTestBase):
         self.assertTrue(any("below the 50.00% threshold" in l for l in lines), lines)
 
     def test_near_misses_grouped_by_top_frames(self):
+        # A journal from before Python frames: every stack is under one
+        # "(no Python frames)" line, split by its top native frames.
         rc, out, _ = self.main(self.j0)
-        nm = self.section(out, "Near misses: 3, by stack:", "Refused")
-        groups = [l.strip() for l in nm.splitlines() if re.match(r"^\s+\d+x  ", l)]
+        nm = self.section(out, "Near misses: 3, by Python line:", "Refused")
+        lines = [l.strip() for l in nm.splitlines()]
+        self.assertEqual(lines[1], "3x  largest 512.0 MiB, 832.0 MiB in all; 10.20 s .. 10.40 s; "
+                                   "device used up to 22.0 GiB (limit 22.5 GiB); cudaMalloc, cuMemCreate")
+        self.assertEqual(lines[2], "(no Python frames), from 3 stacks:")
         # the first two share their top 3 frames (different 4th frame): 4 frames split them
-        self.assertEqual(len(groups), 3)
+        stacks = [l for l in lines if re.match(r"^\d+x  ", l)][1:]
+        self.assertEqual(len(stacks), 3)
         rc, out, _ = self.main("--frames", "3", self.j0)
-        nm = self.section(out, "Near misses: 3, by stack:", "Refused")
-        groups = [l.strip() for l in nm.splitlines() if re.match(r"^\s+\d+x  ", l)]
-        self.assertEqual(len(groups), 2)
-        self.assertEqual(groups[0], "2x  largest 512.0 MiB, 768.0 MiB in all; 10.20 s .. 10.30 s; "
-                                    "device used up to 22.0 GiB (limit 22.5 GiB); cudaMalloc")
+        nm = self.section(out, "Near misses: 3, by Python line:", "Refused")
+        stacks = [l.strip() for l in nm.splitlines() if re.match(r"^\s+\d+x  ", l)][1:]
+        self.assertEqual(len(stacks), 2)
+        self.assertEqual(stacks[0], "2x  largest 512.0 MiB, 768.0 MiB in all; 10.20 s .. 10.30 s; "
+                                    "cudaMalloc")
         self.assertIn("#2 at::native::addmm_out_cuda+0x91 (libtorch_cuda.so)", nm)
-        self.assertIn("1x  largest 64.0 MiB", groups[1])
-        self.assertIn("cuMemCreate", groups[1])
+        self.assertIn("1x  largest 64.0 MiB", stacks[1])
+        self.assertIn("cuMemCreate", stacks[1])
 
     def test_refusals_ooms_and_advice(self):
         rc, out, _ = self.main(self.j0)
-        self.assertIn("Refused: 1, by stack:", out)
+        self.assertIn("Refused: 1, by Python line:", out)
         self.assertIn("1x  largest 2.0 GiB, 2.0 GiB in all; 10.50 s .. 10.50 s", out)
-        oom = self.section(out, "Out of memory (real allocator): 1, by stack:", "Advice history")
+        oom = self.section(out, "Out of memory (real allocator): 1, by Python line:", "Advice history")
         self.assertIn("(no stack)", oom)
         adv = self.section(out, "Advice history:")
         self.assertRegex(adv, r"10\.25 s  #1  near_miss batch 16 x accum 2, signaled")
@@ -368,7 +374,9 @@ class VerdictTest(ReportTestBase):
         trace = os.path.join(self.tmp, "r.json")
         rc, out, err = self.main("--html", page, "--trace", trace, *paths)
         with open(page) as f:
-            self.assertEqual(f.read().count("<svg "), 4)
+            page = f.read()
+        self.assertEqual(page.count('<svg xmlns="http://www.w3.org/2000/svg" class="timeline"'), 4)
+        self.assertEqual(page.count('<svg xmlns="http://www.w3.org/2000/svg" class="steps"'), 4)
         with open(trace) as f:
             evs = json.load(f)["traceEvents"]
         threads = sorted((e["pid"], e["args"]["name"]) for e in evs if e["name"] == "thread_name")
@@ -399,28 +407,60 @@ class VerdictTest(ReportTestBase):
         self.assertEqual([(e["pid"], e["ts"]) for e in oom], [(5003, 121e6)])
 
     def test_leaks_forecasts_and_kernels_in_the_verdict(self):
+        # An RTX 5090 run: a module without sm_120 code, a forecast at step
+        # 40, a leak of 64 MiB per step from step 3; 30 s per step.
         devs = [shimlike.device(0, "NVIDIA GeForce RTX 5090", 32 * GiB, 3 * GiB, 2 * GiB, cc="12.0")]
         p = shimlike.Process(devs, rank=0)
         p.events.append({"t": 0.01, "ev": "arch", "dev": 0, "cc": "12.0",
                          "module": "/opt/venv/torch/lib/libtorch_cuda.so", "sass": ["sm_80", "sm_90"],
-                         "ptx": ["sm_90"], "ok": False,
-                         "message": "no kernel image for sm_120: PyTorch >= 2.7 built with CUDA >= 12.8"})
+                         "ptx": ["compute_90"], "ok": False, "devs": [0],
+                         "message": "no kernel image for sm_120: the module carries SASS sm_80 "
+                                    "sm_90, PTX compute_90"})
         p.sample(1.0, 0, 4 * GiB, 5 * GiB)
-        p.advice(7200.0, 1, 0, 8, 4, "forecast", forecast={"step": 812, "bytes": 28 * GiB})
-        p.events.append({"t": 9000.0, "ev": "leak", "dev": 0, "since_step": 200, "step": 900,
-                         "rate": 12 * MiB, "live": 10 * GiB, "projected_step": 2400,
-                         "sites": [{"stack": shimlike.ALLOC_STACK, "pystack": shimlike.ALLOC_PYSTACK,
-                                    "bytes": 8 * GiB}]})
+        for k in range(1, 61):
+            p.step(30.0 * k, k, 0, 8 * GiB + k * 64 * MiB, 9 * GiB + k * 64 * MiB,
+                   4 * GiB + k * 64 * MiB)
+            if k == 40:
+                p.advice(30.0 * k + 0.001, 1, 0, 8, 4, "forecast",
+                         forecast={"step": 41, "bytes": 28 * GiB})
+            if k == 50:
+                p.events.append({"t": 30.0 * k + 0.002, "ev": "leak", "dev": 0, "since_step": 3,
+                                 "step": 50, "rate": 64 * MiB, "live": 4 * GiB + 50 * 64 * MiB,
+                                 "projected_step": 290,
+                                 "sites": [{"stack": shimlike.ALLOC_STACK,
+                                            "pystack": [{"file": "train.py", "line": 57,
+                                                         "func": "train_step"}],
+                                            "bytes": 3 * GiB}]})
+        p.incident("near_miss", 1700.0, 0, 64 * MiB, 27 * GiB, count=1)
         rc, out, err = self.main(p.write(self.tmp))
-        head = out[:out.index("=" * 78)]
-        self.assertIn("rank 0 GPU0 NVIDIA GeForce RTX 5090: no usable device code in libtorch_cuda.so "
-                      "(no kernel image for sm_120: PyTorch >= 2.7 built with CUDA >= 12.8)", head)
-        self.assertIn("rank 0 GPU0 NVIDIA GeForce RTX 5090: live memory grows 12.0 MiB/step since "
-                      "step 200 (10.0 GiB live at step 900); the limit is reached at step 2400; "
-                      "grows most at /home/me/model.py:88 in Block.forward (+8.0 GiB)", head)
-        self.assertIn("forecast at %s, 2 h 00 min into the run: the step peak would cross the "
-                      "near-miss line at step 812 (predicted 28.0 GiB); advised batch 8 x accum 4"
-                      % rpt.fmt_wall(W0 + 7200.0), head)
+        lines = out.splitlines()
+        dev = "rank 0 GPU0 NVIDIA GeForce RTX 5090"
+        # device code, leaks and forecasts first, before the processes' lines
+        self.assertEqual(lines[1], "  %s (cc 12.0): no kernel image in /opt/venv/torch/lib/"
+                                   "libtorch_cuda.so (no GPU of the process runs it): no kernel "
+                                   "image for sm_120: the module carries SASS sm_80 sm_90, PTX "
+                                   "compute_90" % dev)
+        # 240 steps to go at 30 s a step: 2 h
+        self.assertEqual(lines[2], "  %s: leak: +64 MiB per step since step 3 from train.py:57 in "
+                                   "train_step; at this rate the limit is reached at step 290, in "
+                                   "about 2 h" % dev)
+        self.assertEqual(lines[3], "  %s: forecast at step 40 (at %s, 20.0 min into the run): step "
+                                   "41 would peak at 28.0 GiB, over the near-miss line (27.0 GiB); "
+                                   "advised batch 8 x accum 4, before any near miss"
+                         % (dev, rpt.fmt_wall(W0 + 1200.001)))
+        self.assertEqual(lines[4], "  no refusal and no OOM in any journal")
+        # in the device section: the steps, their trend, the leak's sites
+        self.assertIn("   steps        1 .. 60 (60 journaled; 0.0333 steps/s), highest step peak "
+                      "11.8 GiB", out)
+        self.assertIn("   trend        over steps 1 .. 60 (least squares): peak +64 MiB/step, "
+                      "live +64 MiB/step", out)
+        self.assertIn("   leak         +64 MiB per step since step 3 from train.py:57", out)
+        self.assertIn("                live 7.1 GiB at step 50", out)
+        self.assertIn("                sites whose live bytes grew, largest first:", out)
+        self.assertIn("                  +3 GiB      py#0 train.py:57 in train_step", out)
+        self.assertIn("                              #0 c10::cuda::CUDACachingAllocator", out)
+        self.assertIn("   forecast     forecast at step 40", out)
+        self.assertIn("   device code  1 module checked: 0 run SASS, 1 not at all", out)
 
 
 class TagBalance(html.parser.HTMLParser):

@@ -88,12 +88,17 @@ class BoundedStructures(Base):
         inc = rpt.Incidents("refused", 4)
         for i in range(rpt.GROUPS_MAX + 50):
             stack = [dict(shimlike.ALLOC_STACK[0], sym="site_%d" % i)]
+            py = [{"file": "/home/me/model.py", "line": i, "func": "f"}]
             for _ in range(2):
-                inc.add({"ev": "refused", "bytes": MiB, "used": GiB, "stack": stack}, float(i), None)
+                inc.add({"ev": "refused", "bytes": MiB, "used": GiB, "stack": stack,
+                         "pystack": py}, float(i), None)
         self.assertEqual(len(inc.groups), rpt.GROUPS_MAX)
         self.assertEqual(inc.other["count"], 100)
         self.assertEqual(inc.journaled, 2 * (rpt.GROUPS_MAX + 50))
-        self.assertEqual(rpt.group_frames(inc.sorted_groups()[-1]),
+        lines = inc.sorted_lines()
+        self.assertEqual(len(lines), rpt.GROUPS_MAX + 1)
+        self.assertEqual(sum(len(ln["subs"]) for ln in lines[:-1]), rpt.GROUPS_MAX)
+        self.assertEqual(rpt.line_group_lines(lines[-1], None),
                          ["(other stacks, beyond the %d grouped)" % rpt.GROUPS_MAX])
 
     def test_running_near_miss_counts(self):
