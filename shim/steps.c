@@ -178,8 +178,8 @@ static void forecast(const struct gg_device *d, const struct steps *s, uint64_t 
     uint64_t line = d->limit > d->near ? d->limit - d->near : 0;
     /* The line is on the device's used memory, so is the trend: the
      * step's device-wide peak (context and other processes included). */
-    if (s->n < FORECAST_MIN || !d->total || out->w.peak_used >= line)
-        return; /* too few steps, or near misses already say it */
+    if (s->n < FORECAST_MIN || !d->total || out->w.peak_used > line)
+        return; /* too few steps, or in the zone: near misses already say it */
     for (int i = 0; i < s->n; i++) {
         x[i] = s->p[i].x;
         y[i] = s->p[i].used;
