@@ -121,17 +121,23 @@ static bool advice_line(const struct gg_advice *a, enum gg_reason why)
     return false;
 }
 
+/* An advice's number and its line go together, so the journal has them in
+ * order whatever the threads do; the signal goes after the line. */
+static gg_spin advice_order = GG_SPIN_INIT;
+
 static void advise(int dev, enum gg_reason why, const struct gg_step_verdict *fc)
 {
     const struct gg_policy *p = gg_device_policy(dev);
     struct gg_trainer_policy tp = {p->s.batch_size, p->s.grad_accum, p->s.min_batch_size,
                                    p->s.signal};
     struct gg_advice a;
-    if (!gg_advice_raise(dev, why, &tp, &a))
-        return;
-    bool signaled = gg_advice_handled(tp.signal);
-    if (advice_line(&a, why))
+    bool ordered = gg_spin_trylock(&advice_order, 1000000); /* else unordered, never stuck */
+    bool raised = gg_advice_raise(dev, why, &tp, &a);
+    bool signaled = raised && gg_advice_handled(tp.signal);
+    if (raised && advice_line(&a, why))
         gg_events_advice(&a, signaled, fc);
+    if (ordered)
+        gg_spin_unlock(&advice_order);
     if (signaled)
         gg_advice_signal(tp.signal);
 }
