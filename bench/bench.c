@@ -19,6 +19,10 @@
  *   bench startup RUNS SHIM CMD [ARGS...]
  *       spawns CMD RUNS times without and RUNS times with LD_PRELOAD=SHIM,
  *       interleaved (ABBA), and prints the wall time of each run.
+ *   bench soak SECONDS SIZE
+ *       cudaMalloc(SIZE)+cudaFree pairs for SECONDS: memory oscillating across
+ *       the timeline's sample step when SIZE is over 1% of the device. Prints
+ *       the pairs done; run.py weighs the journal it left.
  *   bench steps SITES STEPS LEAK
  *       SITES allocations held live, each from a call stack of its own (so
  *       as many sites), then STEPS training steps: 8 allocation pairs and
@@ -367,6 +371,25 @@ static int run_steps(long sites, long steps, int leak)
     return 0;
 }
 
+/* ---- soak ------------------------------------------------------------------- */
+
+static int run_soak(long seconds, size_t size)
+{
+    uint64_t until = now_ns() + (uint64_t)seconds * 1000000000ull;
+    unsigned long long pairs = 0;
+    while (now_ns() < until) {
+        for (int i = 0; i < 1000; i++, pairs++) {
+            void *p;
+            cudaError_t e = cudaMalloc(&p, size);
+            if (e != cudaSuccess || (e = cudaFree(p)) != cudaSuccess)
+                fail("soak pair", (int)e);
+        }
+    }
+    printf("{\"mode\":\"soak\",\"seconds\":%ld,\"size\":%zu,\"pairs\":%llu}\n", seconds, size,
+           pairs);
+    return 0;
+}
+
 /* ---- main ------------------------------------------------------------------- */
 
 static void usage(void)
@@ -374,7 +397,8 @@ static void usage(void)
     fprintf(stderr, "usage: bench pairs N THREADS DEPTH REPS SIZE\n"
                     "       bench live N SIZE\n"
                     "       bench startup RUNS SHIM CMD [ARGS...]\n"
-                    "       bench steps SITES STEPS LEAK\n");
+                    "       bench steps SITES STEPS LEAK\n"
+                    "       bench soak SECONDS SIZE\n");
     exit(2);
 }
 
@@ -389,6 +413,8 @@ int main(int argc, char **argv)
         return run_live(arg_long(argv[2], "N"), (size_t)arg_long(argv[3], "SIZE"));
     if (argc >= 5 && !strcmp(argv[1], "startup"))
         return run_startup(arg_long(argv[2], "RUNS"), argv[3], argv + 4);
+    if (argc >= 4 && !strcmp(argv[1], "soak"))
+        return run_soak(arg_long(argv[2], "SECONDS"), (size_t)arg_long(argv[3], "SIZE"));
     if (argc >= 5 && !strcmp(argv[1], "steps"))
         return run_steps(arg_long(argv[2], "SITES"), arg_long(argv[3], "STEPS"),
                          (int)arg_long(argv[4], "LEAK"));

@@ -186,6 +186,19 @@ def steps(b, sites, count):
     return res
 
 
+def soak(b, seconds):
+    """Journal bytes a run of `seconds` of memory oscillating across the
+    timeline's sample step writes (stacks = all, the shipped setting): the
+    growth per hour, extrapolated."""
+    size = int(141 * (1 << 30) * 0.015)  # 1.5% of the device: every pair crosses a step
+    before = {f: os.path.getsize(os.path.join(b.journals, f)) for f in os.listdir(b.journals)}
+    (r,) = b.run(["soak", seconds, size], "all", timeout=seconds + 120)
+    grown = sum(os.path.getsize(os.path.join(b.journals, f)) - before.get(f, 0)
+                for f in os.listdir(b.journals))
+    return {"seconds": seconds, "pairs": r["pairs"], "bytes": grown,
+            "bytes_per_hour": grown * 3600.0 / seconds}
+
+
 def startup(b, argv, runs):
     (r,) = b.run(["startup", runs, SHIM, *argv], None)
     w, p = [x / 1e6 for x in r["without"]], [x / 1e6 for x in r["with"]]
@@ -217,6 +230,7 @@ def main():
     l_n, l_rounds = (200000, 1) if q else (1000000, 3)
     py_n, py_reps, py_rounds = (20000, 2, 1) if q else (50000, 3, 3)
     st_steps = 500 if q else 3000
+    soak_s = 10 if q else 60
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cpu = ""
@@ -257,6 +271,8 @@ def main():
         py, py_version = python_pairs(b, py_n, py_reps, py_rounds)
         say(f"gpuguard_step: {st_steps} steps with {STEP_SITES} live sites, flat and leaking")
         stp = steps(b, STEP_SITES, st_steps)
+        say(f"soak: {soak_s} s of memory oscillating across the sample step")
+        sk = soak(b, soak_s)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     elapsed = time.monotonic() - t_start
@@ -335,6 +351,13 @@ def main():
                                 f"nothing on the allocation path" if r["present"]
                                 else "gpuguard_step not found"})
 
+    figures.append({"figure": f"journal growth, oscillation soak ({soak_s} s)", "without": None,
+                    "with": sk["bytes_per_hour"] / (1 << 20), "added": None, "ratio": None,
+                    "unit": "MiB/h", "target": "< 12 MiB/h",
+                    "result": verdict(sk["bytes_per_hour"] < 12 * (1 << 20)),
+                    "note": f"{sk['bytes']} bytes for {sk['pairs']} pairs; issue 17: under 2 MiB "
+                            f"per 10 min"})
+
     # ---- the table -------------------------------------------------------------
     def fmt(v, unit):
         if v is None:
@@ -345,6 +368,8 @@ def main():
             return f"{v:.3f} ms"
         if unit == "B":
             return f"{v:.1f} B"
+        if unit == "MiB/h":
+            return f"{v:.2f} MiB/h"
         return f"{v:.2f}x"
 
     def fmt_added(v, unit):
@@ -401,6 +426,7 @@ def main():
         "ledger": {str(k or "none"): v for k, v in mem.items()},
         "python_ns_per_pair": py, "python_version": py_version,
         "steps_ns": stp,
+        "soak": sk,
         "seconds": elapsed,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
