@@ -21,6 +21,7 @@
 static _Atomic bool ticking;
 static gg_spin timeline_lock = GG_SPIN_INIT;
 static uint64_t written[GG_MAX_DEVICES]; /* `current` at the last sample line */
+static uint64_t written_ns[GG_MAX_DEVICES]; /* ... and its moment */
 static _Atomic uint64_t last_inline_ns;
 
 /* A point of the timeline, when it happened: lines carry that moment, and
@@ -34,8 +35,12 @@ static void sample_line(int dev, const struct gg_device *d, const struct point *
     if (!p->set || (p->bytes <= last + step && p->bytes + step >= last))
         return; /* not a move from the last line */
     int64_t used = (int64_t)p->bytes + atomic_load_explicit(&d->used_offset, memory_order_relaxed);
-    gg_events_sample(dev, p->bytes, used > 0 ? (uint64_t)used : 0, gg_clock_at(p->ns));
+    /* An extreme's moment is stored just after its value: one read between
+     * the two may be a hair old. Lines never go back in time. */
+    uint64_t ns = p->ns > written_ns[dev] ? p->ns : written_ns[dev];
+    gg_events_sample(dev, p->bytes, used > 0 ? (uint64_t)used : 0, gg_clock_at(ns));
     written[dev] = p->bytes;
+    written_ns[dev] = ns;
 }
 
 static void timeline(int dev, struct gg_device *d)
