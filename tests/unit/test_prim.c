@@ -141,6 +141,28 @@ static void test_numbers(void)
     CHECK_STR(b, "1.5 GiB");
 }
 
+/* The side stack: last in, first out, bounded, per thread. */
+static void test_side_stack(void)
+{
+    char *a = gg_side_push(100), *b = gg_side_push(4000);
+    CHECK(a && b && b >= a + 100);
+    CHECK(((uintptr_t)a & 15) == 0 && ((uintptr_t)b & 15) == 0);
+    memset(a, 1, 100);
+    memset(b, 2, 4000);
+    CHECK_EQ_U64(gg_side_used(), 112 + 4000);
+    gg_side_pop(b);
+    CHECK_EQ_U64(gg_side_used(), 112);
+    char *c = gg_side_push(GG_SIDE_BYTES); /* more than is left: none */
+    CHECK(c == NULL);
+    CHECK_EQ_U64(gg_side_used(), 112);
+    gg_side_pop(a);
+    CHECK_EQ_U64(gg_side_used(), 0);
+    gg_side_pop(NULL);
+    int x;
+    gg_side_pop(&x); /* not the side stack's: ignored */
+    CHECK_EQ_U64(gg_side_used(), 0);
+}
+
 static void test_real_dlsym(void)
 {
     CHECK(gg_real_dlsym(RTLD_DEFAULT, "getpid") == (void *)getpid);
@@ -156,6 +178,7 @@ int main(void)
     RUN(test_pages);
     RUN(test_lock);
     RUN(test_numbers);
+    RUN(test_side_stack);
     RUN(test_real_dlsym);
     return unit_done();
 }
