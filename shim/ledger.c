@@ -37,6 +37,14 @@ static inline void bump(_Atomic uint64_t *c, int64_t by)
                           memory_order_relaxed);
 }
 
+/* e's allocation or free, in its device's counts (a free put back: -1);
+ * an uncounted entry is in none. */
+static inline void count(_Atomic uint64_t *per_dev, const struct gg_entry *e, int64_t by)
+{
+    if (gg_likely(!(e->flags & GG_ENTRY_UNCOUNTED)))
+        bump(&per_dev[e->dev], by);
+}
+
 static inline uint64_t hash(uintptr_t p)
 {
     uint64_t h = (uint64_t)p * 0x9E3779B97F4A7C15ull;
@@ -131,13 +139,13 @@ enum gg_ledger_add gg_ledger_add(const struct gg_entry *e, struct gg_entry *evic
         /* The allocator handed out a key we think is live: a free we did
          * not see (a path we do not hook). The new entry replaces it. */
         *evicted = s->slot[i];
-        bump(&s->frees[evicted->dev], 1);
+        count(s->frees, evicted, 1);
         r = GG_LEDGER_REPLACED;
     } else {
         s->count++;
     }
     s->slot[i] = *e;
-    bump(&s->allocs[e->dev], 1);
+    count(s->allocs, e, 1);
     gg_spin_unlock(&s->lock);
     return r;
 }
@@ -154,7 +162,7 @@ bool gg_ledger_remove(uintptr_t key, struct gg_entry *out, uint32_t *ticket)
     }
     *out = s->slot[at];
     erase(s, (uint32_t)at);
-    bump(&s->frees[out->dev], 1);
+    count(s->frees, out, 1);
     if (ticket)
         *ticket = s->unknown_seq;
     gg_spin_unlock(&s->lock);
@@ -195,7 +203,7 @@ bool gg_ledger_restore(const struct gg_entry *e, uint32_t ticket)
     if (ok) {
         place(s->slot, s->cap, e, h);
         s->count++;
-        bump(&s->frees[e->dev], -1);
+        count(s->frees, e, -1);
     }
     gg_spin_unlock(&s->lock);
     return ok;
@@ -217,7 +225,7 @@ bool gg_ledger_map(uintptr_t key, int delta, struct gg_entry *out)
         if (e->refs == 0 && (e->flags & GG_ENTRY_RELEASED)) {
             *out = *e;
             erase(s, (uint32_t)at);
-            bump(&s->frees[out->dev], 1);
+            count(s->frees, out, 1);
             gone = true;
         }
     }
@@ -240,7 +248,7 @@ enum gg_ledger_release gg_ledger_release(uintptr_t key, struct gg_entry *out)
             r = GG_LEDGER_KEPT;
         } else {
             erase(s, (uint32_t)at);
-            bump(&s->frees[out->dev], 1);
+            count(s->frees, out, 1);
             r = GG_LEDGER_GONE;
         }
     }

@@ -24,6 +24,12 @@
 /* A VMM handle still mapped somewhere when it was released: its memory
  * lives until the last mapping goes (cuMemRelease, cuMemUnmap). */
 #define GG_ENTRY_RELEASED 0x1u
+/* Handed out by a stream-ordered pool (`pool` names it, pools.h): its bytes
+ * are the pool's, and stay on the device when it is freed. */
+#define GG_ENTRY_POOL 0x2u
+/* Memory the guard knows but never counts (a host pool's): kept so that its
+ * free is no surprise; in no device's figures, allocs or frees. */
+#define GG_ENTRY_UNCOUNTED 0x4u
 
 struct gg_entry {
     uintptr_t key;     /* device pointer, or gg_ledger_handle_key(handle) */
@@ -32,7 +38,10 @@ struct gg_entry {
     uint8_t dev;
     uint8_t api;       /* which function allocated it (opaque here) */
     uint8_t flags;     /* GG_ENTRY_* */
-    uint8_t refs;      /* VMM mappings of a handle (saturates at 255) */
+    union {
+        uint8_t refs;  /* VMM mappings of a handle (saturates at 255) */
+        uint8_t pool;  /* GG_ENTRY_POOL: its pool's slot (a pointer is never mapped) */
+    };
 };
 
 /* Handles and pointers share the table: ~handle keeps the key spaces apart
