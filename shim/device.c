@@ -56,6 +56,7 @@ static void apply_policy(int i, struct gg_device *d, gg_report_fn report, void *
     if (d->total) {
         d->limit = gg_policy_limit(p, d->total, report, ctx);
         d->near = gg_policy_near_miss(p, d->total);
+        d->sample_step = d->total / 100;
         if (d->limit == d->total && gg_size_bytes(p->s.headroom, d->total) > d->total)
             problems++;
     } else {

@@ -37,6 +37,7 @@ struct gg_device {
     _Atomic bool read_once;    /* a reading was taken: decisions need no first one */
     uint64_t total, limit;     /* limit = total - headroom */
     uint64_t near;             /* the near-miss margin */
+    uint64_t sample_step;      /* total / 100: how far `current` moves between timeline points */
     int cc_major, cc_minor;
     char name[256];
 

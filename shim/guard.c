@@ -56,7 +56,7 @@ static GG_COLD void sample_moved(struct gg_device *d, uint64_t cur, struct gg_ve
 
 static inline void sample_check(struct gg_device *d, uint64_t cur, struct gg_verdict *v)
 {
-    uint64_t step = d->total / 100;
+    uint64_t step = d->sample_step;
     uint64_t last = atomic_load_explicit(&d->sample_current, memory_order_relaxed);
     uint64_t moved = cur > last ? cur - last : last - cur;
     v->current = cur;
@@ -244,13 +244,17 @@ bool gg_guard_admit(struct gg_call *c, struct gg_verdict *v)
     if (!atomic_load_explicit(&d->enforcing, memory_order_relaxed) ||
         c->refusable == GG_REFUSABLE_NEVER)
         return true;
-    uint64_t grows = gg_likely(c->pool == GG_POOL_NONE) ? c->bytes : c->grows;
-    if (gg_likely(add_sat(gg_device_estimate(d), grows) <= d->limit))
+    /* A pool's request grows the device by at most what it asks for: when
+     * that fits, so does its growth. */
+    if (gg_likely(add_sat(gg_device_estimate(d), c->bytes) <= d->limit))
         return true; /* the estimate says it fits: no reading */
+    uint64_t grows = c->bytes;
     if (c->pool != GG_POOL_NONE) {
-        pool_recheck(c);
-        if (!(grows = c->grows))
-            return true; /* served from memory its pool holds: the device does not grow */
+        if (c->grows && add_sat(gg_device_estimate(d), c->grows) > d->limit)
+            pool_recheck(c); /* what does the pool really hold free? */
+        grows = c->grows;
+        if (!grows || add_sat(gg_device_estimate(d), grows) <= d->limit)
+            return true; /* served, at least in part, from memory its pool holds */
     }
     uint64_t used = reading(d, c->dev, c->runtime);
     if (add_sat(used, grows) <= d->limit)
@@ -285,11 +289,9 @@ static GG_COLD void near_miss(struct gg_device *d, struct gg_call *c, uint64_t u
 
 /* A pool's entry left the ledger (a free, or replaced by a new key): its
  * bytes go back to the pool, and leave the device only with a destroyed
- * pool. Host memory was never counted. Returns the device's `current`. */
+ * pool. Returns the device's `current`. */
 static GG_COLD uint64_t account_pool_free(struct gg_device *d, const struct gg_entry *e)
 {
-    if (e->flags & GG_ENTRY_UNCOUNTED)
-        return atomic_load_explicit(&d->current, memory_order_relaxed);
     if (e->site != GG_SITE_NONE)
         gg_sites_charge(e->site, -(int64_t)e->size, -1);
     atomic_fetch_sub_explicit(&d->pool_used, e->size, memory_order_relaxed);
@@ -301,7 +303,7 @@ static GG_COLD uint64_t account_pool_free(struct gg_device *d, const struct gg_e
 /* Bytes no longer held: the device's and the site's. */
 static inline uint64_t account_free(struct gg_device *d, const struct gg_entry *e)
 {
-    if (gg_unlikely(e->flags & (GG_ENTRY_POOL | GG_ENTRY_UNCOUNTED)))
+    if (gg_unlikely(e->flags & GG_ENTRY_POOL))
         return account_pool_free(d, e);
     if (e->site != GG_SITE_NONE)
         gg_sites_charge(e->site, -(int64_t)e->size, -1);
@@ -394,7 +396,7 @@ bool gg_guard_release(uintptr_t key, struct gg_entry *out, uint32_t *ticket,
 void gg_guard_unrelease(const struct gg_entry *e, uint32_t ticket)
 {
     struct gg_device *d = gg_device(e->dev);
-    if (!gg_ledger_restore(e, ticket) || !d || (e->flags & GG_ENTRY_UNCOUNTED))
+    if (!gg_ledger_restore(e, ticket) || !d)
         return;
     if (gg_unlikely(e->flags & GG_ENTRY_POOL)) {
         /* handed out again by its pool: from the bytes it just got back */
@@ -507,7 +509,7 @@ bool gg_guard_pool(struct gg_call *c, uint64_t pool, int dev, bool trust_cache)
 
 void gg_guard_host_allocated(uintptr_t key)
 {
-    struct gg_entry e = {.key = key, .flags = GG_ENTRY_UNCOUNTED}, old;
+    struct gg_entry e = {.key = key, .dev = GG_LEDGER_NO_DEVICE}, old;
     if (key && gg_ledger_add(&e, &old) == GG_LEDGER_REPLACED)
         evicted(&old);
 }

@@ -316,46 +316,41 @@ static cudaError_t body_RT_MIPMAP(enum gg_hook h, enum gg_rt rt, uintptr_t ra,
 }
 
 typedef cudaError_t (*free_fn)(void *);
-static inline cudaError_t body_RT_FREE(enum gg_hook h, enum gg_rt rt, uintptr_t ra, void *p)
+static inline cudaError_t body_RT_FREE(enum gg_hook h, enum gg_rt rt, void *p)
 {
     REAL(free_fn, rt, h);
-    (void)ra;
     FREE_BODY(rt, p, true, real(p));
 }
 
 typedef cudaError_t (*free_async_fn)(void *, cudaStream_t);
-static inline cudaError_t body_RT_FREE_ASYNC(enum gg_hook h, enum gg_rt rt, uintptr_t ra, void *p,
+static inline cudaError_t body_RT_FREE_ASYNC(enum gg_hook h, enum gg_rt rt, void *p,
                                              cudaStream_t s)
 {
     REAL(free_async_fn, rt, h);
-    (void)ra;
     FREE_BODY(rt, p, true, real(p, s));
 }
 
 /* An array the shim did not count (sparse, deferred) is no surprise. */
 typedef cudaError_t (*free_array_fn)(cudaArray_t);
-static cudaError_t body_RT_FREE_ARRAY(enum gg_hook h, enum gg_rt rt, uintptr_t ra, cudaArray_t a)
+static cudaError_t body_RT_FREE_ARRAY(enum gg_hook h, enum gg_rt rt, cudaArray_t a)
 {
     REAL(free_array_fn, rt, h);
-    (void)ra;
     FREE_BODY(rt, a, false, real(a));
 }
 
 typedef cudaError_t (*free_mipmap_fn)(cudaMipmappedArray_t);
-static cudaError_t body_RT_FREE_MIPMAP(enum gg_hook h, enum gg_rt rt, uintptr_t ra,
+static cudaError_t body_RT_FREE_MIPMAP(enum gg_hook h, enum gg_rt rt,
                                        cudaMipmappedArray_t a)
 {
     REAL(free_mipmap_fn, rt, h);
-    (void)ra;
     FREE_BODY(rt, a, false, real(a));
 }
 
 typedef cudaError_t (*meminfo_fn)(size_t *, size_t *);
-static cudaError_t body_RT_MEMINFO(enum gg_hook h, enum gg_rt rt, uintptr_t ra, size_t *free_b,
+static cudaError_t body_RT_MEMINFO(enum gg_hook h, enum gg_rt rt, size_t *free_b,
                                    size_t *total_b)
 {
     REAL(meminfo_fn, rt, h);
-    (void)ra;
     cudaError_t r = real(free_b, total_b);
     if (r == cudaSuccess && gg_enter()) {
         gg_guard_meminfo(gg_device_count == 1 ? 0 : gg_runtime_device(rt), free_b, total_b);
@@ -368,12 +363,11 @@ static cudaError_t body_RT_MEMINFO(enum gg_hook h, enum gg_rt rt, uintptr_t ra, 
  * asks at the runtime's own version. */
 typedef cudaError_t (*entry_fn)(const char *, void **, unsigned long long,
                                 enum cudaDriverEntryPointQueryResult *);
-static cudaError_t body_RT_ENTRY(enum gg_hook h, enum gg_rt rt, uintptr_t ra, const char *sym,
+static cudaError_t body_RT_ENTRY(enum gg_hook h, enum gg_rt rt, const char *sym,
                                  void **fn, unsigned long long flags,
                                  enum cudaDriverEntryPointQueryResult *st)
 {
     REAL(entry_fn, rt, h);
-    (void)ra;
     cudaError_t r = real(sym, fn, flags, st);
     if (r == cudaSuccess && fn && *fn)
         *fn = gg_hook_driver_entry(sym, *fn, flags, gg_runtime_version(rt));
@@ -382,12 +376,11 @@ static cudaError_t body_RT_ENTRY(enum gg_hook h, enum gg_rt rt, uintptr_t ra, co
 
 typedef cudaError_t (*entry_v_fn)(const char *, void **, unsigned int, unsigned long long,
                                   enum cudaDriverEntryPointQueryResult *);
-static cudaError_t body_RT_ENTRY_V(enum gg_hook h, enum gg_rt rt, uintptr_t ra, const char *sym,
+static cudaError_t body_RT_ENTRY_V(enum gg_hook h, enum gg_rt rt, const char *sym,
                                    void **fn, unsigned int version, unsigned long long flags,
                                    enum cudaDriverEntryPointQueryResult *st)
 {
     REAL(entry_v_fn, rt, h);
-    (void)ra;
     cudaError_t r = real(sym, fn, version, flags, st);
     if (r == cudaSuccess && fn && *fn)
         *fn = gg_hook_driver_entry(sym, *fn, flags, (int)version);
@@ -400,9 +393,8 @@ static cudaError_t body_RT_ENTRY_V(enum gg_hook h, enum gg_rt rt, uintptr_t ra, 
  * the shim has started; never starts the shim (a process that imports
  * torch and never allocates leaves nothing behind). */
 typedef void **(*register_fn)(void *);
-static void **body_RT_REGISTER(enum gg_hook h, enum gg_rt rt, uintptr_t ra, void *fat_cubin)
+static void **body_RT_REGISTER(enum gg_hook h, enum gg_rt rt, void *fat_cubin)
 {
-    (void)ra;
     register_fn real = (register_fn)real_of(rt, h);
     if (gg_unlikely(!real)) {
         missing(rt, h);
@@ -479,16 +471,36 @@ static void **body_RT_REGISTER(enum gg_hook h, enum gg_rt rt, uintptr_t ra, void
 #define EXPAND(...) __VA_ARGS__
 
 /* One exported function `name` forwarding to runtime rt (the parameter
- * lists are expanded before they are pasted in). It reads its own return
- * address: the call that entered the shim, the module that asked. */
+ * lists are expanded before they are pasted in). One that allocates reads
+ * its own return address: the call that entered the shim, the module that
+ * asked. */
 #define RT_FN(name, rt, id, shape) RT_FN_(name, rt, id, shape, SIG_##shape, ARGS_##shape)
 #define RT_FN_(name, rt, id, shape, sig, args)                                       \
     GG_EXPORT RET_##shape CUDARTAPI name sig;                                        \
     GG_EXPORT RET_##shape CUDARTAPI name sig                                         \
     {                                                                                \
-        return body_##shape(GG_HOOK_##id, rt, (uintptr_t)__builtin_return_address(0), \
-                            EXPAND args);                                            \
+        return body_##shape(GG_HOOK_##id, rt RA_##shape, EXPAND args);               \
     }
+/* The shapes that allocate take the return address; frees and the rest
+ * need none (not even its load). */
+#define RA_YES , (uintptr_t)__builtin_return_address(0)
+#define RA_RT_ALLOC RA_YES
+#define RA_RT_ASYNC RA_YES
+#define RA_RT_POOL RA_YES
+#define RA_RT_MANAGED RA_YES
+#define RA_RT_PITCH RA_YES
+#define RA_RT_3D RA_YES
+#define RA_RT_ARRAY RA_YES
+#define RA_RT_ARRAY3D RA_YES
+#define RA_RT_MIPMAP RA_YES
+#define RA_RT_FREE
+#define RA_RT_FREE_ASYNC
+#define RA_RT_FREE_ARRAY
+#define RA_RT_FREE_MIPMAP
+#define RA_RT_MEMINFO
+#define RA_RT_ENTRY
+#define RA_RT_ENTRY_V
+#define RA_RT_REGISTER
 
 /* The copy for unversioned callers: export@@GPUGUARD_CUDART, the default.
  * Not the base version: glibc lets a versioned reference bind to a symbol

@@ -25,7 +25,7 @@ struct shard {
     uintptr_t recent[RECENT];      /* the last ones, by unknown_seq % RECENT */
     /* Written under the lock with plain (not locked) read-modify-writes;
      * read without it when summed. */
-    _Atomic uint64_t allocs[GG_MAX_DEVICES], frees[GG_MAX_DEVICES];
+    _Atomic uint64_t allocs[GG_MAX_DEVICES + 1], frees[GG_MAX_DEVICES + 1]; /* + no device's */
 };
 
 static struct shard shards[SHARDS];
@@ -35,14 +35,6 @@ static inline void bump(_Atomic uint64_t *c, int64_t by)
 {
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + (uint64_t)by,
                           memory_order_relaxed);
-}
-
-/* e's allocation or free, in its device's counts (a free put back: -1);
- * an uncounted entry is in none. */
-static inline void count(_Atomic uint64_t *per_dev, const struct gg_entry *e, int64_t by)
-{
-    if (gg_likely(!(e->flags & GG_ENTRY_UNCOUNTED)))
-        bump(&per_dev[e->dev], by);
 }
 
 static inline uint64_t hash(uintptr_t p)
@@ -139,13 +131,13 @@ enum gg_ledger_add gg_ledger_add(const struct gg_entry *e, struct gg_entry *evic
         /* The allocator handed out a key we think is live: a free we did
          * not see (a path we do not hook). The new entry replaces it. */
         *evicted = s->slot[i];
-        count(s->frees, evicted, 1);
+        bump(&s->frees[evicted->dev], 1);
         r = GG_LEDGER_REPLACED;
     } else {
         s->count++;
     }
     s->slot[i] = *e;
-    count(s->allocs, e, 1);
+    bump(&s->allocs[e->dev], 1);
     gg_spin_unlock(&s->lock);
     return r;
 }
@@ -162,7 +154,7 @@ bool gg_ledger_remove(uintptr_t key, struct gg_entry *out, uint32_t *ticket)
     }
     *out = s->slot[at];
     erase(s, (uint32_t)at);
-    count(s->frees, out, 1);
+    bump(&s->frees[out->dev], 1);
     if (ticket)
         *ticket = s->unknown_seq;
     gg_spin_unlock(&s->lock);
@@ -203,7 +195,7 @@ bool gg_ledger_restore(const struct gg_entry *e, uint32_t ticket)
     if (ok) {
         place(s->slot, s->cap, e, h);
         s->count++;
-        count(s->frees, e, -1);
+        bump(&s->frees[e->dev], -1);
     }
     gg_spin_unlock(&s->lock);
     return ok;
@@ -225,7 +217,7 @@ bool gg_ledger_map(uintptr_t key, int delta, struct gg_entry *out)
         if (e->refs == 0 && (e->flags & GG_ENTRY_RELEASED)) {
             *out = *e;
             erase(s, (uint32_t)at);
-            count(s->frees, out, 1);
+            bump(&s->frees[out->dev], 1);
             gone = true;
         }
     }
@@ -248,7 +240,7 @@ enum gg_ledger_release gg_ledger_release(uintptr_t key, struct gg_entry *out)
             r = GG_LEDGER_KEPT;
         } else {
             erase(s, (uint32_t)at);
-            count(s->frees, out, 1);
+            bump(&s->frees[out->dev], 1);
             r = GG_LEDGER_GONE;
         }
     }
@@ -280,12 +272,12 @@ static uint64_t sum(size_t offset, int dev)
 
 uint64_t gg_ledger_allocs(int dev)
 {
-    return (unsigned)dev < GG_MAX_DEVICES ? sum(offsetof(struct shard, allocs), dev) : 0;
+    return (unsigned)dev <= GG_LEDGER_NO_DEVICE ? sum(offsetof(struct shard, allocs), dev) : 0;
 }
 
 uint64_t gg_ledger_frees(int dev)
 {
-    return (unsigned)dev < GG_MAX_DEVICES ? sum(offsetof(struct shard, frees), dev) : 0;
+    return (unsigned)dev <= GG_LEDGER_NO_DEVICE ? sum(offsetof(struct shard, frees), dev) : 0;
 }
 
 uint64_t gg_ledger_footprint(void)
