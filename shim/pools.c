@@ -25,6 +25,18 @@ struct slot {
 
 static struct slot slots[GG_POOLS + 1]; /* [0]: GG_POOL_NONE */
 static gg_spin table_lock = GG_SPIN_INIT;
+/* A bit per live slot: a synchronisation visits the pools there are, not
+ * every slot. */
+static _Atomic uint64_t live_bits[(GG_POOLS + 64) / 64];
+
+static void set_live(unsigned s, bool live)
+{
+    atomic_store_explicit(&slots[s].live, live, memory_order_release);
+    if (live)
+        atomic_fetch_or_explicit(&live_bits[s / 64], 1ull << (s % 64), memory_order_release);
+    else
+        atomic_fetch_and_explicit(&live_bits[s / 64], ~(1ull << (s % 64)), memory_order_release);
+}
 
 static inline unsigned probe(uint64_t handle, unsigned i)
 {
@@ -65,7 +77,7 @@ unsigned gg_pools_get(uint64_t handle, int dev, bool host)
         p->destroyed = false;
         p->reserved = p->used = p->peak_reserved = 0;
         gg_spin_unlock(&p->lock);
-        atomic_store_explicit(&p->live, true, memory_order_relaxed);
+        set_live(t, true);
         atomic_store_explicit(&p->handle, handle, memory_order_release);
         s = t;
     }
@@ -141,7 +153,7 @@ uint64_t gg_pools_freed(unsigned s, uint64_t n)
     }
     gg_spin_unlock(&p->lock);
     if (drained)
-        atomic_store_explicit(&p->live, false, memory_order_release);
+        set_live((unsigned)(p - slots), false);
     return left;
 }
 
@@ -191,7 +203,7 @@ int64_t gg_pools_destroyed(uint64_t handle, unsigned *out)
     bool drained = p->used == 0;
     gg_spin_unlock(&p->lock);
     if (drained)
-        atomic_store_explicit(&p->live, false, memory_order_release);
+        set_live((unsigned)(p - slots), false);
     gg_spin_unlock(&table_lock);
     return delta;
 }
@@ -215,15 +227,19 @@ bool gg_pools_figures(unsigned s, struct gg_pool_figures *out)
 
 unsigned gg_pools_next(unsigned after)
 {
-    for (unsigned s = after + 1; s <= GG_POOLS; s++)
-        if (atomic_load_explicit(&slots[s].live, memory_order_acquire))
-            return s;
+    for (unsigned s = after + 1; s <= GG_POOLS;) {
+        uint64_t bits = atomic_load_explicit(&live_bits[s / 64], memory_order_acquire) >> (s % 64);
+        if (bits)
+            return s + (unsigned)__builtin_ctzll(bits);
+        s = (s / 64 + 1) * 64;
+    }
     return GG_POOL_NONE;
 }
 
 void gg_pools_reset(void)
 {
     memset(slots, 0, sizeof slots);
+    memset(live_bits, 0, sizeof live_bits);
     gg_spin_reset(&table_lock);
 }
 
