@@ -53,9 +53,11 @@ static bool apply_policy(int i, struct gg_device *d, gg_report_fn report, void *
     d->stacks = (uint8_t)p->s.stacks;
     d->depth = (uint8_t)p->s.depth;
     d->virtualize_meminfo = p->s.virtualize_meminfo;
+    d->never_refuse = p->s.never_refuse;
     if (d->total) {
         d->limit = gg_policy_limit(p, d->total, report, ctx);
         d->near = gg_policy_near_miss(p, d->total);
+        d->sample_step = d->total / 100;
         if (d->limit == d->total && gg_size_bytes(p->s.headroom, d->total) > d->total)
             problems++;
     } else {

@@ -31,16 +31,23 @@ struct gg_device {
     uint8_t stacks;            /* enum gg_stacks */
     uint8_t depth;             /* [journal] depth */
     bool virtualize_meminfo;
+    const char *never_refuse;  /* [memory] never_refuse: globs on a module's file name */
     _Atomic bool enforcing;    /* refuses and virtualizes now (enforce, or auto once a
                                   trainer registered); written once */
     _Atomic bool read_once;    /* a reading was taken: decisions need no first one */
     uint64_t total, limit;     /* limit = total - headroom */
     uint64_t near;             /* the near-miss margin */
+    uint64_t sample_step;      /* total / 100: how far `current` moves between timeline points */
     int cc_major, cc_minor;
     char name[256];
 
-    /* This process's bytes: every allocation and free. */
+    /* This process's bytes on the device: every allocation and free, and
+     * what its stream-ordered pools hold (pools.h) in place of the bytes they
+     * handed out: the device's view. Of them, pool_reserved are the pools'
+     * and pool_used of those handed out (allocated = current - pool_reserved
+     * + pool_used, PyTorch's allocated beside its reserved). */
     _Alignas(64) _Atomic uint64_t current;
+    _Atomic uint64_t pool_reserved, pool_used, peak_pool_reserved;
     /* The exact peak of `current` in the window since the last boundary (a
      * training step, a batch): read by every allocation, written at a peak.
      * A boundary closes the window in O(1) (gg_device_close_window), so the

@@ -26,6 +26,10 @@ static struct {
     CUresult (*ctx_get_current)(CUcontext *);
     CUresult (*ctx_set_current)(CUcontext);
     CUresult (*get_error_name)(CUresult, const char **);
+    CUresult (*pool_get_attribute)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*device_get_mem_pool)(CUmemoryPool *, CUdevice);
+    CUresult (*device_get_default_mem_pool)(CUmemoryPool *, CUdevice);
+    CUresult (*stream_get_device)(CUstream, CUdevice *); /* CUDA 12.8 and later */
 } drv;
 
 static int find_range(struct dl_phdr_info *info, size_t size, void *ctx)
@@ -68,6 +72,10 @@ static void take_functions(void *h)
     SYM(ctx_get_current, "cuCtxGetCurrent");
     SYM(ctx_set_current, "cuCtxSetCurrent");
     SYM(get_error_name, "cuGetErrorName");
+    SYM(pool_get_attribute, "cuMemPoolGetAttribute");
+    SYM(device_get_mem_pool, "cuDeviceGetMemPool");
+    SYM(device_get_default_mem_pool, "cuDeviceGetDefaultMemPool");
+    SYM(stream_get_device, "cuStreamGetDevice");
 }
 
 int gg_driver_open(bool load, char *why, size_t cap)
@@ -203,4 +211,40 @@ bool gg_driver_read_used(int dev, bool may_retain, uint64_t *used)
     bool ok = read_current(used);
     drv.ctx_set_current(saved); /* the thread's own context, or none, as it was */
     return ok;
+}
+
+/* ---- stream-ordered pools ------------------------------------------------------------ */
+
+bool gg_driver_pool_bytes(uint64_t pool, uint64_t *reserved, uint64_t *used)
+{
+    cuuint64_t r = 0, u = 0;
+    if (!drv.pool_get_attribute || !pool ||
+        drv.pool_get_attribute((CUmemoryPool)(uintptr_t)pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                               &r) != CUDA_SUCCESS ||
+        drv.pool_get_attribute((CUmemoryPool)(uintptr_t)pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+                               &u) != CUDA_SUCCESS)
+        return false;
+    *reserved = r;
+    *used = u;
+    return true;
+}
+
+uint64_t gg_driver_device_pool(int dev, bool default_pool)
+{
+    CUresult (*get)(CUmemoryPool *, CUdevice) =
+        default_pool ? drv.device_get_default_mem_pool : drv.device_get_mem_pool;
+    CUmemoryPool pool = NULL;
+    if (!get || dev < 0 || get(&pool, (CUdevice)dev) != CUDA_SUCCESS)
+        return 0;
+    return (uint64_t)(uintptr_t)pool;
+}
+
+int gg_driver_stream_device(void *stream)
+{
+    CUdevice dev;
+    /* The legacy and per-thread default streams are the current context's. */
+    if ((uintptr_t)stream > 2 && drv.stream_get_device &&
+        drv.stream_get_device((CUstream)stream, &dev) == CUDA_SUCCESS)
+        return (int)dev;
+    return gg_driver_current_device();
 }

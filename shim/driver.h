@@ -52,4 +52,16 @@ int gg_driver_current_device(void);
  * process would not have. False when no reading could be taken. */
 bool gg_driver_read_used(int dev, bool may_retain, uint64_t *used);
 
+/* Stream-ordered pools (pools.h), as the driver sees them. A pool is its
+ * CUmemoryPool handle as a number. */
+/* What pool `pool` holds and has handed out now; false when it cannot say. */
+bool gg_driver_pool_bytes(uint64_t pool, uint64_t *reserved, uint64_t *used);
+/* Device dev's current pool (cudaMallocAsync's), or its default one; 0
+ * when the driver cannot say. */
+uint64_t gg_driver_device_pool(int dev, bool default_pool);
+/* The device of a stream's work (and so of its cudaMallocAsync): the
+ * stream's own where the driver can say (CUDA 12.8), else the current
+ * context's; -1 when neither is known. */
+int gg_driver_stream_device(void *stream);
+
 #endif /* GG_DRIVER_H */

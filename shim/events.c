@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "budget.h"
+#include "callers.h"
 #include "device.h"
 #include "fatbin.h"
 #include "gpuguard.h"
@@ -197,6 +198,22 @@ void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v)
     gg_json_ku64(&j, "count", v->count); /* this site's, this kind: lines are thinned */
     if (v->incident == GG_INCIDENT_NEAR_MISS && v->over_limit)
         gg_json_kbool(&j, "over_limit", true);
+    if (v->spared)
+        gg_json_kstr(&j, "spared", "never_refuse"); /* enforcing, and let through */
+    char module[64];
+    gg_json_key(&j, "caller"); /* the module that asked (DESIGN.md 2.3) */
+    if (gg_callers_module(c->caller, module, sizeof module))
+        gg_json_str(&j, module);
+    else
+        gg_json_null(&j);
+    if (c->pool) /* a pool's request: what the device grew by, beside what was asked */
+        gg_json_ku64(&j, "grows", c->grows);
+    /* the process's bytes on the device (its pools' whole reservations), and
+     * what it has handed out of them, PyTorch's reserved beside allocated */
+    uint64_t cur = atomic_load(&d->current), pr = atomic_load(&d->pool_reserved),
+             pu = atomic_load(&d->pool_used);
+    gg_json_ku64(&j, "reserved", cur);
+    gg_json_ku64(&j, "allocated", cur - pr + pu);
     gg_json_key(&j, "stack");
     gg_events_stack(&j, c->site);
     python_frames(&j, c->site, "pystack");
@@ -488,6 +505,16 @@ void gg_events_summary(double duration, bool with_stacks)
         gg_json_ku64(&j, "ooms", atomic_load(&d->ooms));
         gg_json_ku64(&j, "live_bytes", atomic_load(&d->current));
         gg_json_ku64(&j, "live_allocs", allocs - frees);
+        /* Stream-ordered pools: the process's bytes on the device (reserved)
+         * beside what it has handed out (allocated); what its pools hold, of
+         * it handed out, and the most they held. */
+        uint64_t cur = atomic_load(&d->current), pr = atomic_load(&d->pool_reserved),
+                 pu = atomic_load(&d->pool_used);
+        gg_json_ku64(&j, "reserved", cur);
+        gg_json_ku64(&j, "allocated", cur - pr + pu);
+        gg_json_ku64(&j, "pool_reserved", pr);
+        gg_json_ku64(&j, "pool_allocated", pu);
+        gg_json_ku64(&j, "peak_pool_reserved", atomic_load(&d->peak_pool_reserved));
         gg_json_ku64(&j, "unknown_frees", atomic_load(&d->unknown_frees));
         gg_site at_peak = with_stacks ? atomic_load(&d->peak_site) : GG_SITE_NONE;
         gg_json_key(&j, "peak_stack");

@@ -4,8 +4,11 @@
 #include <string.h>
 
 #include "budget.h"
+#include "callers.h"
 #include "device.h"
+#include "driver.h"
 #include "maps.h"
+#include "pools.h"
 #include "prim.h"
 #include "stack.h"
 
@@ -34,6 +37,7 @@ static inline void clear(struct gg_verdict *v)
     v->incident = GG_INCIDENT_NONE;
     v->journal = false;
     v->over_limit = false;
+    v->spared = false;
     v->sample = false;
 }
 
@@ -52,7 +56,7 @@ static GG_COLD void sample_moved(struct gg_device *d, uint64_t cur, struct gg_ve
 
 static inline void sample_check(struct gg_device *d, uint64_t cur, struct gg_verdict *v)
 {
-    uint64_t step = d->total / 100;
+    uint64_t step = d->sample_step;
     uint64_t last = atomic_load_explicit(&d->sample_current, memory_order_relaxed);
     uint64_t moved = cur > last ? cur - last : last - cur;
     v->current = cur;
@@ -63,13 +67,67 @@ static inline void sample_check(struct gg_device *d, uint64_t cur, struct gg_ver
         sample_moved(d, cur, v);
 }
 
+/* ---- pools ---------------------------------------------------------------------- */
+
+/* A pool on device dev reserves delta bytes more (or fewer): the device's
+ * view of the process moves with it. */
+static void pool_moved(int dev, int64_t delta, struct gg_verdict *v)
+{
+    struct gg_device *d = gg_device(dev);
+    if (!d || !delta)
+        return;
+    uint64_t r = atomic_fetch_add_explicit(&d->pool_reserved, (uint64_t)delta,
+                                           memory_order_relaxed) + (uint64_t)delta;
+    uint64_t cur = atomic_fetch_add_explicit(&d->current, (uint64_t)delta,
+                                             memory_order_relaxed) + (uint64_t)delta;
+    if (delta > 0) {
+        gg_atomic_max(&d->peak_pool_reserved, r);
+        gg_atomic_max(&d->window_peak, cur);
+    }
+    if (v)
+        sample_check(d, cur, v);
+}
+
+/* What the driver says the pool in slot s holds now, believed (real CUDA
+ * reserves in its own granularity); *used: what it says is handed out. */
+static bool pool_reading(unsigned s, struct gg_verdict *v, uint64_t *used)
+{
+    struct gg_pool_figures f;
+    uint64_t reserved, u;
+    if (!gg_pools_figures(s, &f) || f.host || f.destroyed ||
+        !gg_driver_pool_bytes(f.handle, &reserved, &u))
+        return false;
+    pool_moved(f.dev, gg_pools_observed(s, reserved), v);
+    if (used)
+        *used = u;
+    return true;
+}
+
+/* Every pool of device dev, as the driver sees it: before a reading of the
+ * device, so the process's share and the rest are apart again whatever the
+ * shim did not see release pool memory. */
+static void pools_read(int dev)
+{
+    struct gg_pool_figures f;
+    for (unsigned s = gg_pools_next(GG_POOL_NONE); s != GG_POOL_NONE; s = gg_pools_next(s))
+        if (gg_pools_figures(s, &f) && f.dev == dev)
+            (void)pool_reading(s, NULL, NULL);
+}
+
+static uint64_t reading(struct gg_device *d, int dev, bool may_retain)
+{
+    if (atomic_load_explicit(&d->pool_reserved, memory_order_relaxed))
+        pools_read(dev);
+    return gg_device_refresh(d, dev, may_retain);
+}
+
 /* ---- the first reading -------------------------------------------------------- */
 
 /* Before a device's first decision the estimate knows nothing of other
  * processes or the context: read the device. */
 static GG_COLD void first_reading(struct gg_device *d, const struct gg_call *c)
 {
-    (void)gg_device_refresh(d, c->dev, c->runtime);
+    (void)reading(d, c->dev, c->runtime);
     /* No reading possible (no context, no retain): the estimate it is; do
      * not ask again on every call. */
     atomic_store_explicit(&d->read_once, true, memory_order_release);
@@ -142,6 +200,36 @@ size_t gg_guard_peak_sites(int dev, struct gg_site_usage *out, size_t max)
 
 /* ---- the hooks' questions --------------------------------------------------------- */
 
+/* Past the line, and enforcing: may the module that asked be refused? Not
+ * one that cannot survive a failed allocation ([memory] never_refuse, under
+ * enforce = runtime). Asked only here, where a refusal would happen. */
+static GG_COLD bool spared(const struct gg_device *d, const struct gg_call *c)
+{
+    char module[64];
+    if (d->enforce == GG_ENFORCE_ALL || !d->never_refuse || !d->never_refuse[0])
+        return false;
+    return gg_callers_module(c->caller, module, sizeof module) &&
+           gg_globs_match(d->never_refuse, module);
+}
+
+/* A pool's request would be refused: what does the pool hold free, as the
+ * driver says? A request it can serve from that grows nothing. */
+static GG_COLD void pool_recheck(struct gg_call *c)
+{
+    uint64_t used = 0;
+    if (!pool_reading(c->pool, NULL, &used))
+        return;
+    uint64_t grows = gg_pools_growth(c->pool, c->bytes);
+    struct gg_pool_figures f;
+    /* The driver may count more as handed out than was asked (its rounding). */
+    if (gg_pools_figures(c->pool, &f) && used > f.used) {
+        uint64_t free_b = f.reserved > used ? f.reserved - used : 0;
+        if (c->bytes > free_b && c->bytes - free_b > grows)
+            grows = c->bytes - free_b;
+    }
+    c->grows = grows;
+}
+
 bool gg_guard_admit(struct gg_call *c, struct gg_verdict *v)
 {
     struct gg_device *d = gg_device(c->dev);
@@ -154,14 +242,27 @@ bool gg_guard_admit(struct gg_call *c, struct gg_verdict *v)
     if (want_stack(d, false))
         capture(d, c);
     if (!atomic_load_explicit(&d->enforcing, memory_order_relaxed) ||
-        c->refusable == GG_REFUSABLE_NEVER ||
-        (c->refusable == GG_REFUSABLE_UNDER_ALL && d->enforce != GG_ENFORCE_ALL))
+        c->refusable == GG_REFUSABLE_NEVER)
         return true;
+    /* A pool's request grows the device by at most what it asks for: when
+     * that fits, so does its growth. */
     if (gg_likely(add_sat(gg_device_estimate(d), c->bytes) <= d->limit))
         return true; /* the estimate says it fits: no reading */
-    uint64_t used = gg_device_refresh(d, c->dev, c->runtime);
-    if (add_sat(used, c->bytes) <= d->limit)
+    uint64_t grows = c->bytes;
+    if (c->pool != GG_POOL_NONE) {
+        if (c->grows && add_sat(gg_device_estimate(d), c->grows) > d->limit)
+            pool_recheck(c); /* what does the pool really hold free? */
+        grows = c->grows;
+        if (!grows || add_sat(gg_device_estimate(d), grows) <= d->limit)
+            return true; /* served, at least in part, from memory its pool holds */
+    }
+    uint64_t used = reading(d, c->dev, c->runtime);
+    if (add_sat(used, grows) <= d->limit)
         return true;
+    if (spared(d, c)) {
+        v->spared = true; /* counted; a near miss past the limit when it succeeds */
+        return true;
+    }
     atomic_fetch_add_explicit(&d->refusals, 1, memory_order_relaxed);
     if (c->site == GG_SITE_NONE && want_stack(d, true))
         capture(d, c);
@@ -175,7 +276,7 @@ static GG_COLD void near_miss(struct gg_device *d, struct gg_call *c, uint64_t u
 {
     uint64_t last = atomic_load_explicit(&d->last_reading_ns, memory_order_relaxed);
     if (gg_now_ns() - last > BAND_READING_NS)
-        used = gg_device_refresh(d, c->dev, false);
+        used = reading(d, c->dev, false);
     if (add_sat(used, d->near) <= d->limit)
         return;
     atomic_fetch_add_explicit(&d->near_misses, 1, memory_order_relaxed);
@@ -186,9 +287,24 @@ static GG_COLD void near_miss(struct gg_device *d, struct gg_call *c, uint64_t u
     v->over_limit = used > d->limit;
 }
 
+/* A pool's entry left the ledger (a free, or replaced by a new key): its
+ * bytes go back to the pool, and leave the device only with a destroyed
+ * pool. Returns the device's `current`. */
+static GG_COLD uint64_t account_pool_free(struct gg_device *d, const struct gg_entry *e)
+{
+    if (e->site != GG_SITE_NONE)
+        gg_sites_charge(e->site, -(int64_t)e->size, -1);
+    atomic_fetch_sub_explicit(&d->pool_used, e->size, memory_order_relaxed);
+    uint64_t left = gg_pools_freed(e->pool, e->size);
+    atomic_fetch_sub_explicit(&d->pool_reserved, left, memory_order_relaxed);
+    return atomic_fetch_sub_explicit(&d->current, left, memory_order_relaxed) - left;
+}
+
 /* Bytes no longer held: the device's and the site's. */
 static inline uint64_t account_free(struct gg_device *d, const struct gg_entry *e)
 {
+    if (gg_unlikely(e->flags & GG_ENTRY_POOL))
+        return account_pool_free(d, e);
     if (e->site != GG_SITE_NONE)
         gg_sites_charge(e->site, -(int64_t)e->size, -1);
     return atomic_fetch_sub_explicit(&d->current, e->size, memory_order_relaxed) - e->size;
@@ -201,6 +317,22 @@ static GG_COLD void evicted(const struct gg_entry *old)
         (void)account_free(o, old);
 }
 
+/* A pool handed out c->bytes: what it grew by is what the device gave. When
+ * it grew, the driver says by how much (its granularity), and that is
+ * believed, whatever the others did meanwhile. */
+static GG_COLD uint64_t pool_allocated(struct gg_device *d, const struct gg_call *c)
+{
+    uint64_t grew = gg_pools_allocated(c->pool, c->bytes);
+    atomic_fetch_add_explicit(&d->pool_used, c->bytes, memory_order_relaxed);
+    if (grew) {
+        uint64_t r = atomic_fetch_add_explicit(&d->pool_reserved, grew, memory_order_relaxed) + grew;
+        gg_atomic_max(&d->peak_pool_reserved, r);
+        atomic_fetch_add_explicit(&d->current, grew, memory_order_relaxed);
+        (void)pool_reading(c->pool, NULL, NULL);
+    }
+    return atomic_load_explicit(&d->current, memory_order_relaxed);
+}
+
 void gg_guard_allocated(struct gg_call *c, uintptr_t key, struct gg_verdict *v)
 {
     struct gg_device *d = gg_device(c->dev);
@@ -208,6 +340,10 @@ void gg_guard_allocated(struct gg_call *c, uintptr_t key, struct gg_verdict *v)
         return;
     struct gg_entry e = {.key = key, .size = c->bytes, .site = c->site, .dev = (uint8_t)c->dev,
                          .api = c->api};
+    if (gg_unlikely(c->pool != GG_POOL_NONE)) {
+        e.flags = GG_ENTRY_POOL;
+        e.pool = c->pool;
+    }
     struct gg_entry old;
     enum gg_ledger_add r = gg_ledger_add(&e, &old);
     if (gg_unlikely(r != GG_LEDGER_ADDED)) {
@@ -215,7 +351,10 @@ void gg_guard_allocated(struct gg_call *c, uintptr_t key, struct gg_verdict *v)
             return; /* not counted; the ledger's pages could not grow */
         evicted(&old);
     }
-    uint64_t cur = atomic_fetch_add_explicit(&d->current, c->bytes, memory_order_relaxed) + c->bytes;
+    uint64_t cur = gg_likely(c->pool == GG_POOL_NONE)
+                       ? atomic_fetch_add_explicit(&d->current, c->bytes, memory_order_relaxed) +
+                             c->bytes
+                       : pool_allocated(d, c);
     bool peak = gg_atomic_max(&d->window_peak, cur) &&
                 cur > atomic_load_explicit(&d->peak_before, memory_order_relaxed);
     if (c->site != GG_SITE_NONE)
@@ -223,7 +362,7 @@ void gg_guard_allocated(struct gg_call *c, uintptr_t key, struct gg_verdict *v)
     uint64_t used = add_sat(cur, (uint64_t)atomic_load_explicit(&d->used_offset,
                                                                  memory_order_relaxed));
     gg_atomic_max(&d->window_used, used);
-    if (gg_unlikely(add_sat(used, d->near) > d->limit))
+    if (gg_unlikely(add_sat(used, d->near) > d->limit) && (c->pool == GG_POOL_NONE || c->grows))
         near_miss(d, c, used, v);
     if (gg_unlikely(peak) && d->stacks != GG_STACKS_OFF)
         new_peak(d, c, cur);
@@ -239,7 +378,7 @@ void gg_guard_failed(struct gg_call *c, bool oom, struct gg_verdict *v)
     if (c->site == GG_SITE_NONE && want_stack(d, true))
         capture(d, c);
     incident(c, v, GG_INCIDENT_OOM);
-    v->used = gg_device_refresh(d, c->dev, false);
+    v->used = reading(d, c->dev, false);
 }
 
 bool gg_guard_release(uintptr_t key, struct gg_entry *out, uint32_t *ticket,
@@ -259,7 +398,13 @@ void gg_guard_unrelease(const struct gg_entry *e, uint32_t ticket)
     struct gg_device *d = gg_device(e->dev);
     if (!gg_ledger_restore(e, ticket) || !d)
         return;
-    atomic_fetch_add_explicit(&d->current, e->size, memory_order_relaxed);
+    if (gg_unlikely(e->flags & GG_ENTRY_POOL)) {
+        /* handed out again by its pool: from the bytes it just got back */
+        struct gg_call c = {.dev = e->dev, .pool = e->pool, .bytes = e->size};
+        (void)pool_allocated(d, &c);
+    } else {
+        atomic_fetch_add_explicit(&d->current, e->size, memory_order_relaxed);
+    }
     if (e->site != GG_SITE_NONE)
         gg_sites_charge(e->site, (int64_t)e->size, 1);
 }
@@ -321,6 +466,99 @@ bool gg_guard_release_handle(uintptr_t key, struct gg_verdict *v)
     }
 }
 
+/* ---- pools: what the hooks tell ------------------------------------------------------ */
+
+/* Each device's current pool (cudaMallocAsync's), as last seen; 0: ask. */
+static _Atomic uint64_t current_pool[GG_MAX_DEVICES];
+
+/* The device a pool the shim did not see made holds memory on: a device's
+ * default pool says so; any other (imported, made before the hooks) is
+ * taken to be on the device of the call. */
+static GG_COLD unsigned pool_unknown(uint64_t pool, int dev)
+{
+    int on = dev;
+    for (int i = 0; i < gg_device_count; i++)
+        if (gg_driver_device_pool(i, true) == pool) {
+            on = i;
+            break;
+        }
+    return gg_pools_get(pool, on, false);
+}
+
+bool gg_guard_pool(struct gg_call *c, uint64_t pool, int dev, bool trust_cache)
+{
+    if (!pool && (unsigned)dev < GG_MAX_DEVICES) {
+        pool = trust_cache ? atomic_load_explicit(&current_pool[dev], memory_order_relaxed) : 0;
+        if (!pool && (pool = gg_driver_device_pool(dev, false)) && trust_cache)
+            atomic_store_explicit(&current_pool[dev], pool, memory_order_relaxed);
+    }
+    unsigned s = gg_pools_find(pool);
+    if (gg_unlikely(s == GG_POOL_NONE) && pool)
+        s = pool_unknown(pool, dev);
+    int on;
+    bool host;
+    if (s == GG_POOL_NONE || !gg_pools_where(s, &on, &host))
+        return true; /* a pool the shim cannot follow: counted as a plain allocation */
+    if (host)
+        return false;
+    c->dev = on;
+    c->pool = (uint8_t)s;
+    c->grows = gg_pools_growth(s, c->bytes);
+    return true;
+}
+
+void gg_guard_host_allocated(uintptr_t key)
+{
+    struct gg_entry e = {.key = key, .dev = GG_LEDGER_NO_DEVICE}, old;
+    if (key && gg_ledger_add(&e, &old) == GG_LEDGER_REPLACED)
+        evicted(&old);
+}
+
+void gg_guard_pool_created(uint64_t pool, int dev, bool host)
+{
+    (void)gg_pools_get(pool, dev, host);
+}
+
+void gg_guard_current_pool(int dev, uint64_t pool)
+{
+    if ((unsigned)dev < GG_MAX_DEVICES)
+        atomic_store_explicit(&current_pool[dev], pool, memory_order_relaxed);
+}
+
+void gg_guard_pool_trimmed(uint64_t pool, uint64_t keep, struct gg_verdict *v)
+{
+    clear(v);
+    unsigned s = gg_pools_find(pool);
+    struct gg_pool_figures f;
+    if (s == GG_POOL_NONE || pool_reading(s, v, NULL) || !gg_pools_figures(s, &f) || f.host)
+        return;
+    pool_moved(f.dev, gg_pools_trimmed(s, keep), v);
+}
+
+void gg_guard_pool_destroyed(uint64_t pool, struct gg_verdict *v)
+{
+    unsigned s;
+    struct gg_pool_figures f;
+    clear(v);
+    bool known = gg_pools_figures(gg_pools_find(pool), &f);
+    int64_t delta = gg_pools_destroyed(pool, &s);
+    if (known && !f.host)
+        pool_moved(f.dev, delta, v);
+    for (int i = 0; i < GG_MAX_DEVICES; i++) { /* a device whose current pool it was: its default */
+        uint64_t cur = pool;
+        atomic_compare_exchange_strong(&current_pool[i], &cur, 0);
+    }
+}
+
+void gg_guard_pools_synced(struct gg_verdict *v)
+{
+    struct gg_pool_figures f;
+    clear(v);
+    for (unsigned s = gg_pools_next(GG_POOL_NONE); s != GG_POOL_NONE; s = gg_pools_next(s))
+        if (gg_pools_figures(s, &f) && !f.host && f.reserved > f.used)
+            (void)pool_reading(s, v, NULL);
+}
+
 /* ---- what the process sees -------------------------------------------------------- */
 
 void gg_guard_meminfo(int dev, size_t *free_b, size_t *total_b)
@@ -353,4 +591,6 @@ void gg_guard_after_fork(void)
 {
     for (int i = 0; i < GG_MAX_DEVICES; i++)
         gg_spin_reset(&peak_snap[i].lock);
+    gg_pools_after_fork();
+    gg_callers_after_fork();
 }

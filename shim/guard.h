@@ -17,11 +17,11 @@
 #include "ledger.h"
 #include "sites.h"
 
-/* May a call be refused (DESIGN.md section 2.3)? */
+/* May a call be refused (DESIGN.md section 2.3)? Which module asked decides
+ * the rest (never_refuse), and only where a refusal would otherwise happen. */
 enum gg_refusable {
     GG_REFUSABLE_NEVER,     /* managed memory: it may oversubscribe the device */
-    GG_REFUSABLE_UNDER_ALL, /* only when the policy says enforce = all */
-    GG_REFUSABLE,           /* its caller turns a refusal into a clean OOM */
+    GG_REFUSABLE,           /* unless the module that asked is one never refused */
 };
 
 /* One intercepted allocation. */
@@ -29,10 +29,16 @@ struct gg_call {
     int dev;
     uint8_t api;          /* the hook's id (kept in the ledger) */
     uint8_t refusable;    /* enum gg_refusable */
+    uint8_t pool;         /* the stream-ordered pool serving it (pools.h); GG_POOL_NONE */
+    bool runtime;         /* a runtime call: a first reading may retain the primary context */
     const char *api_name; /* the function's name, for the journal */
-    bool runtime;        /* a runtime call: a first reading may retain the primary context */
-    uint64_t bytes;
-    gg_site site;        /* captured by the guard when the policy wants a stack */
+    uint64_t bytes;       /* what the caller asked for */
+    uint64_t grows;       /* a pool's request: how much the device grows for it, what the
+                             pool does not hold free (0: served from memory the pool
+                             already holds); a plain one grows it by `bytes` */
+    uintptr_t caller;     /* the return address of the call that entered the shim:
+                             the module that asked (callers.h) */
+    gg_site site;         /* captured by the guard when the policy wants a stack */
 };
 
 enum gg_incident { GG_INCIDENT_NONE, GG_INCIDENT_NEAR_MISS, GG_INCIDENT_REFUSED,
@@ -42,7 +48,9 @@ enum gg_incident { GG_INCIDENT_NONE, GG_INCIDENT_NEAR_MISS, GG_INCIDENT_REFUSED,
 struct gg_verdict {
     uint8_t incident;    /* enum gg_incident */
     bool journal;        /* write the incident's line (per site: the first 8, then powers of 2) */
-    bool over_limit;     /* a near miss past the limit (not enforcing) */
+    bool over_limit;     /* a near miss past the limit (not enforcing, or spared) */
+    bool spared;         /* enforcing, past the limit, and let through: the module that
+                            asked is never refused ([memory] never_refuse) */
     bool sample;         /* the process's use moved: a timeline point */
     uint64_t used;       /* device-wide use at the decision */
     uint64_t count;      /* the site's running count of this kind of incident */
@@ -82,6 +90,28 @@ bool gg_guard_unknown_free(uintptr_t key, int dev);
 void gg_guard_mapped(uintptr_t va, uint64_t size, uintptr_t key);
 void gg_guard_unmapped(uintptr_t va, uint64_t size, struct gg_verdict *v);
 bool gg_guard_release_handle(uintptr_t key, struct gg_verdict *v);
+
+/* ---- stream-ordered pools (pools.h) --------------------------------------------------- */
+
+/* A pool's request is described by the pool that serves it: gg_guard_pool
+ * fills c->dev (the pool's device, not the caller's), c->pool and c->grows;
+ * a host pool's (false) is passed by, never counted. The pool is `pool`, or
+ * with 0 device dev's current one (cudaMallocAsync's); trust_cache: the
+ * shim sees every change of a device's current pool (its driver hooks are
+ * on), so the last one known is still right. */
+bool gg_guard_pool(struct gg_call *c, uint64_t pool, int dev, bool trust_cache);
+/* Host memory handed out at key (a host pool's): known, never counted, so
+ * that its free is no surprise. */
+void gg_guard_host_allocated(uintptr_t key);
+/* A pool was made on device dev, or on the host. */
+void gg_guard_pool_created(uint64_t pool, int dev, bool host);
+/* Device dev's current pool is now `pool` (0: ask the driver next time). */
+void gg_guard_current_pool(int dev, uint64_t pool);
+/* A pool was trimmed to keep bytes / destroyed; every pool may have given
+ * memory back (a synchronisation). v: samples for the timeline. */
+void gg_guard_pool_trimmed(uint64_t pool, uint64_t keep, struct gg_verdict *v);
+void gg_guard_pool_destroyed(uint64_t pool, struct gg_verdict *v);
+void gg_guard_pools_synced(struct gg_verdict *v);
 
 /* cudaMemGetInfo as the policy wants it answered: rewrites free and total
  * of device dev when it is enforcing and virtualize_meminfo is on. */

@@ -1,27 +1,41 @@
-/* hook_driver.c - layer 6: the driver's allocation functions, handed out
- * wherever a pointer to them is looked up (DESIGN.md sections 2.1-2.3).
+/* hook_driver.c - layer 6: the driver's allocation functions (DESIGN.md
+ * sections 2.1-2.3).
  *
- * Every DRV row of hooks.def gets four variants: by origin (a driver lookup,
- * or an entry point) and by stream (the legacy or the per-thread default
- * stream: the driver hands out a different real function for each). The
- * real function behind a variant is stored when the hook is handed out.
+ * Every DRV row of hooks.def gets two variants, by stream: the legacy or
+ * the per-thread default stream (the driver hands out a different real
+ * function for each). A variant is
+ *   - exported under the driver's own name (export, export_ptsz), so a
+ *     program linked with -lcuda binds its calls to the shim;
+ *   - handed out in place of the driver's function wherever a pointer to
+ *     it is looked up: dlsym on libcuda (JAX, TensorFlow, ctypes, and
+ *     libcudart and static runtimes taking cuGetProcAddress), the driver's
+ *     cuGetProcAddress at the version asked (each ABI of a name is its own
+ *     row: a legacy v1 name gets a v1 hook, with 32-bit pointers and sizes),
+ *     cudaGetDriverEntryPoint.
+ * However a call arrives, who may be refused is decided by the module that
+ * asked (the return address, guard.h), so a library whose driver calls bind
+ * to the exports through libcuda's own tables changes nothing. A driver
+ * call made inside a runtime hook (the runtime calling its driver) passes
+ * through: the gate's depth (gate.h) counts it once, at the runtime.
  *
- * The shim exports no driver names: a driver that takes its own functions'
- * addresses through its GOT would otherwise hand the shim's exports to every
- * static runtime, and NCCL's memory would be counted as refusable.
+ * The real function behind a variant is libcuda's, taken from libcuda's own
+ * handle (never the global scope, where the exports would be found).
  */
+#define __CUDA_API_VERSION_INTERNAL 1 /* the legacy (v1) declarations, as libcuda has them */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "arch.h"
+#include "arrays.h"
 #include "device.h"
 #include "driver.h"
 #include "gate.h"
 #include "guard.h"
 #include "hooks.h"
 #include "ledger.h"
+#include "pools.h"
 #include "prim.h"
 #include "react.h"
 #include "settings.h"
@@ -55,45 +69,56 @@ bool gg_hooks_driver_enabled(void)
 
 static void *_Atomic real_fn[GG_HOOK_COUNT][2];
 
-/* Not stored yet (a race with the lookup that handed the hook out): ask
- * libcuda itself. */
+/* Not stored by a lookup (a program bound to the export, a race with the
+ * lookup that handed the hook out): ask libcuda itself. */
 static GG_COLD void *real_slow(enum gg_hook h, int ptsz)
 {
-    char name[80];
+    char name[80], why[128];
     snprintf(name, sizeof name, "%s%s", gg_hooks[h].export, ptsz ? "_ptsz" : "");
     void *p = gg_driver_sym(name);
+    if (!p && gg_driver_open(false, why, sizeof why) == 0)
+        p = gg_driver_sym(name);
     if (p)
         atomic_store_explicit(&real_fn[h][ptsz], p, memory_order_release);
     return p;
 }
 
-static inline void *real_of(enum gg_hook h, int v)
+static inline void *real_of(enum gg_hook h, int ptsz)
 {
-    int ptsz = (v & 1) && gg_hooks[h].ptsz;
+    ptsz = ptsz && gg_hooks[h].ptsz;
     void *p = atomic_load_explicit(&real_fn[h][ptsz], memory_order_acquire);
     return gg_likely(p != NULL) ? p : real_slow(h, ptsz);
 }
 
 /* ---- the bodies, one per shape ------------------------------------------------- */
 
-/* Who may be refused: a driver lookup's caller only under enforce = all,
- * an entry point's always (2.3). */
-static inline uint8_t refusable(int v)
+/* Is this call the guard's to count? The gate (gate.h), and the escape
+ * hatch: with GPUGUARD_DRIVER_HOOKS=0 a driver hook reached all the same
+ * (bound to an export) passes through. */
+static inline bool enter(void)
 {
-    return (v >> 1) == GG_ORIGIN_ENTRY ? GG_REFUSABLE : GG_REFUSABLE_UNDER_ALL;
+    if (!gg_enter())
+        return false;
+    if (gg_likely(gg_hooks_driver_enabled()))
+        return true;
+    gg_leave();
+    return false;
 }
 
-static inline bool begin(struct gg_call *c, enum gg_hook h, uint64_t bytes, int dev,
-                         uint8_t may_refuse)
+/* The call's description, on device dev (-1: the current context's). */
+static inline bool begin(struct gg_call *c, enum gg_hook h, uintptr_t ra, uint64_t bytes,
+                         int dev, uint8_t may_refuse)
 {
-    if (!bytes || !gg_enter())
+    if (!bytes || !enter())
         return false;
     c->dev = dev >= 0 ? dev : gg_driver_current_device();
     c->api = (uint8_t)h;
     c->api_name = gg_hooks[h].journal;
     c->refusable = may_refuse;
+    c->pool = GG_POOL_NONE;
     c->runtime = false;
     c->bytes = bytes;
+    c->caller = ra;
     return true;
 }
 
@@ -129,18 +154,36 @@ static inline CUresult free_end(bool known, const struct gg_entry *e, uint32_t t
     return r;
 }
 
-/* The body of an allocation of `bytes` on `dev` (-1: the current context's),
- * whose real call is `CALL` and whose new key is `KEY`. */
-#define ALLOC_BODY(h, v, bytes, dev, may_refuse, CALL, KEY)        \
+/* The body of an allocation (a described call c) whose real call is `CALL`
+ * and whose new key is `KEY`. */
+#define ADMIT_CALL(c, CALL, KEY)                                   \
     do {                                                           \
-        struct gg_call c;                                          \
         struct gg_verdict vd;                                      \
-        if (!begin(&c, h, bytes, dev, may_refuse))                 \
-            return CALL;                                           \
         if (!gg_guard_admit(&c, &vd))                              \
             return refuse(&c, &vd);                                \
         CUresult r = CALL;                                         \
         return alloc_end(&c, &vd, r, r == CUDA_SUCCESS ? (KEY) : 0); \
+    } while (0)
+
+/* ... of `bytes` on `dev` (-1: the current context's). */
+#define ALLOC_BODY(h, ra, bytes, dev, may_refuse, CALL, KEY)       \
+    do {                                                           \
+        struct gg_call c;                                          \
+        if (!begin(&c, h, ra, bytes, dev, may_refuse))             \
+            return CALL;                                           \
+        ADMIT_CALL(c, CALL, KEY);                                  \
+    } while (0)
+
+/* The body of a free of key `KEY` whose real call is `CALL`. */
+#define FREE_BODY(KEY, CALL)                                                     \
+    do {                                                                         \
+        if (!(KEY) || !enter())                                                  \
+            return CALL;                                                         \
+        struct gg_entry e;                                                       \
+        struct gg_verdict vd;                                                    \
+        uint32_t ticket;                                                         \
+        bool known = gg_guard_release((KEY), &e, &ticket, &vd);                 \
+        return free_end(known, &e, ticket, &vd, CALL);                           \
     } while (0)
 
 #define REAL(type, h, v) ((type)real_of(h, v))
@@ -149,63 +192,114 @@ static inline CUresult free_end(bool known, const struct gg_entry *e, uint32_t t
         return CUDA_ERROR_NOT_INITIALIZED
 
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
-static CUresult body_DRV_ALLOC(enum gg_hook h, int v, CUdeviceptr *p, size_t n)
+static CUresult body_DRV_ALLOC(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr *p, size_t n)
 {
     alloc_fn real = REAL(alloc_fn, h, v);
     MISSING(real);
-    ALLOC_BODY(h, v, n, -1, refusable(v), real(p, n), p ? (uintptr_t)*p : 0);
+    ALLOC_BODY(h, ra, n, -1, GG_REFUSABLE, real(p, n), p ? (uintptr_t)*p : 0);
 }
 
+/* The legacy ABI: 32-bit device pointers and sizes (cuda.h's _v1). */
+typedef CUresult (*alloc_v1_fn)(CUdeviceptr_v1 *, unsigned int);
+static CUresult body_DRV_ALLOC_V1(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr_v1 *p,
+                                  unsigned int n)
+{
+    alloc_v1_fn real = REAL(alloc_v1_fn, h, v);
+    MISSING(real);
+    ALLOC_BODY(h, ra, n, -1, GG_REFUSABLE, real(p, n), p ? (uintptr_t)*p : 0);
+}
+
+/* Pitched memory: judged by what was asked, counted by what the device gave
+ * (pitch x height). */
+#define PITCH_BODY(h, ra, w, hgt, CALL, P, PITCH)                                       \
+    do {                                                                                \
+        uint64_t bytes;                                                                 \
+        if (__builtin_mul_overflow((uint64_t)(w), (uint64_t)(hgt), &bytes))             \
+            bytes = UINT64_MAX; /* cannot be had: the guard refuses or the driver fails */ \
+        struct gg_call c;                                                               \
+        struct gg_verdict vd;                                                           \
+        if (!begin(&c, h, ra, bytes, -1, GG_REFUSABLE))                                 \
+            return CALL;                                                                \
+        if (!gg_guard_admit(&c, &vd))                                                   \
+            return refuse(&c, &vd);                                                     \
+        CUresult r = CALL;                                                              \
+        if (r == CUDA_SUCCESS && (PITCH) &&                                             \
+            !__builtin_mul_overflow((uint64_t)*(PITCH), (uint64_t)(hgt), &bytes))       \
+            c.bytes = bytes; /* what the device really gave */                          \
+        return alloc_end(&c, &vd, r, r == CUDA_SUCCESS && (P) ? (uintptr_t)*(P) : 0);   \
+    } while (0)
+
 typedef CUresult (*pitch_fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
-static CUresult body_DRV_PITCH(enum gg_hook h, int v, CUdeviceptr *p, size_t *pitch, size_t w,
-                               size_t hgt, unsigned elem)
+static CUresult body_DRV_PITCH(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr *p, size_t *pitch,
+                               size_t w, size_t hgt, unsigned elem)
 {
     pitch_fn real = REAL(pitch_fn, h, v);
-    uint64_t bytes;
     MISSING(real);
-    if (__builtin_mul_overflow((uint64_t)w, (uint64_t)hgt, &bytes))
-        bytes = UINT64_MAX; /* cannot be had: the guard refuses or the driver fails */
-    struct gg_call c;
-    struct gg_verdict vd;
-    if (!begin(&c, h, bytes, -1, refusable(v)))
-        return real(p, pitch, w, hgt, elem);
-    if (!gg_guard_admit(&c, &vd))
-        return refuse(&c, &vd);
-    CUresult r = real(p, pitch, w, hgt, elem);
-    if (r == CUDA_SUCCESS && pitch && !__builtin_mul_overflow((uint64_t)*pitch, (uint64_t)hgt, &bytes))
-        c.bytes = bytes; /* what the device really gave */
-    return alloc_end(&c, &vd, r, r == CUDA_SUCCESS && p ? (uintptr_t)*p : 0);
+    PITCH_BODY(h, ra, w, hgt, real(p, pitch, w, hgt, elem), p, pitch);
+}
+
+typedef CUresult (*pitch_v1_fn)(CUdeviceptr_v1 *, unsigned int *, unsigned int, unsigned int,
+                                unsigned int);
+static CUresult body_DRV_PITCH_V1(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr_v1 *p,
+                                  unsigned int *pitch, unsigned int w, unsigned int hgt,
+                                  unsigned int elem)
+{
+    pitch_v1_fn real = REAL(pitch_v1_fn, h, v);
+    MISSING(real);
+    PITCH_BODY(h, ra, w, hgt, real(p, pitch, w, hgt, elem), p, pitch);
 }
 
 typedef CUresult (*managed_fn)(CUdeviceptr *, size_t, unsigned);
-static CUresult body_DRV_MANAGED(enum gg_hook h, int v, CUdeviceptr *p, size_t n, unsigned f)
+static CUresult body_DRV_MANAGED(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr *p, size_t n,
+                                 unsigned f)
 {
     managed_fn real = REAL(managed_fn, h, v);
     MISSING(real);
     /* Managed memory may oversubscribe the device: counted, never refused. */
-    ALLOC_BODY(h, v, n, -1, GG_REFUSABLE_NEVER, real(p, n, f), p ? (uintptr_t)*p : 0);
+    ALLOC_BODY(h, ra, n, -1, GG_REFUSABLE_NEVER, real(p, n, f), p ? (uintptr_t)*p : 0);
 }
 
+/* A stream-ordered request: charged to the device of the pool that serves
+ * it, judged by how much that pool must grow; a host pool's passes by. */
+#define POOL_BODY(h, ra, n, POOL, DEV, CALL, P)                                        \
+    do {                                                                               \
+        struct gg_call c;                                                              \
+        if (!begin(&c, h, ra, n, DEV, GG_REFUSABLE))                                   \
+            return CALL;                                                               \
+        if (!gg_guard_pool(&c, POOL, c.dev, true)) {                                   \
+            CUresult r = CALL;                                                         \
+            if (r == CUDA_SUCCESS && (P))                                              \
+                gg_guard_host_allocated((uintptr_t) * (P));                            \
+            gg_leave();                                                                \
+            return r;                                                                  \
+        }                                                                              \
+        ADMIT_CALL(c, CALL, (P) ? (uintptr_t) * (P) : 0);                              \
+    } while (0)
+
 typedef CUresult (*async_fn)(CUdeviceptr *, size_t, CUstream);
-static CUresult body_DRV_ASYNC(enum gg_hook h, int v, CUdeviceptr *p, size_t n, CUstream s)
+static CUresult body_DRV_ASYNC(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr *p, size_t n,
+                               CUstream s)
 {
     async_fn real = REAL(async_fn, h, v);
     MISSING(real);
-    ALLOC_BODY(h, v, n, -1, refusable(v), real(p, n, s), p ? (uintptr_t)*p : 0);
+    POOL_BODY(h, ra, n, 0, gg_driver_stream_device(s), real(p, n, s), p);
 }
 
 typedef CUresult (*pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
-static CUresult body_DRV_POOL(enum gg_hook h, int v, CUdeviceptr *p, size_t n, CUmemoryPool m,
-                              CUstream s)
+static CUresult body_DRV_POOL(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr *p, size_t n,
+                              CUmemoryPool m, CUstream s)
 {
     pool_fn real = REAL(pool_fn, h, v);
     MISSING(real);
-    ALLOC_BODY(h, v, n, -1, refusable(v), real(p, n, m, s), p ? (uintptr_t)*p : 0);
+    if (!m) /* no pool: the driver says what is wrong */
+        return real(p, n, m, s);
+    POOL_BODY(h, ra, n, (uint64_t)(uintptr_t)m, -1, real(p, n, m, s), p);
 }
 
 typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
                               unsigned long long);
-static CUresult body_DRV_CREATE(enum gg_hook h, int v, CUmemGenericAllocationHandle *hd, size_t n,
+static CUresult body_DRV_CREATE(enum gg_hook h, int v, uintptr_t ra,
+                                CUmemGenericAllocationHandle *hd, size_t n,
                                 const CUmemAllocationProp *prop, unsigned long long f)
 {
     create_fn real = REAL(create_fn, h, v);
@@ -214,44 +308,133 @@ static CUresult body_DRV_CREATE(enum gg_hook h, int v, CUmemGenericAllocationHan
      * host buffers) pass through uncounted. */
     if (!prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return real(hd, n, prop, f);
-    ALLOC_BODY(h, v, n, prop->location.id, refusable(v), real(hd, n, prop, f),
+    ALLOC_BODY(h, ra, n, prop->location.id, GG_REFUSABLE, real(hd, n, prop, f),
                hd ? gg_ledger_handle_key(*hd) : 0);
 }
 
+/* Arrays: the bytes their extent and format hold (arrays.h); one the
+ * driver will reject passes through uncounted, its error the driver's. */
+#define ARRAY_BODY(h, ra, W, H, D, FORMAT, CHANNELS, FLAGS, LEVELS, CALL, HANDLE)  \
+    do {                                                                            \
+        uint64_t bytes = 0;                                                         \
+        if (!gg_array_bytes(W, H, D, gg_array_format_bytes(FORMAT, CHANNELS), FLAGS, \
+                            LEVELS, &bytes))                                        \
+            return CALL;                                                            \
+        ALLOC_BODY(h, ra, bytes, -1, GG_REFUSABLE, CALL,                            \
+                   (HANDLE) ? (uintptr_t) * (HANDLE) : 0);                          \
+    } while (0)
+
+typedef CUresult (*array_fn)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+static CUresult body_DRV_ARRAY(enum gg_hook h, int v, uintptr_t ra, CUarray *a,
+                               const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    array_fn real = REAL(array_fn, h, v);
+    MISSING(real);
+    if (!d)
+        return real(a, d);
+    ARRAY_BODY(h, ra, d->Width, d->Height, 0, d->Format, d->NumChannels, 0, 1, real(a, d), a);
+}
+
+typedef CUresult (*array_v1_fn)(CUarray *, const CUDA_ARRAY_DESCRIPTOR_v1 *);
+static CUresult body_DRV_ARRAY_V1(enum gg_hook h, int v, uintptr_t ra, CUarray *a,
+                                  const CUDA_ARRAY_DESCRIPTOR_v1 *d)
+{
+    array_v1_fn real = REAL(array_v1_fn, h, v);
+    MISSING(real);
+    if (!d)
+        return real(a, d);
+    ARRAY_BODY(h, ra, d->Width, d->Height, 0, d->Format, d->NumChannels, 0, 1, real(a, d), a);
+}
+
+typedef CUresult (*array3d_fn)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+static CUresult body_DRV_ARRAY3D(enum gg_hook h, int v, uintptr_t ra, CUarray *a,
+                                 const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    array3d_fn real = REAL(array3d_fn, h, v);
+    MISSING(real);
+    if (!d)
+        return real(a, d);
+    ARRAY_BODY(h, ra, d->Width, d->Height, d->Depth, d->Format, d->NumChannels, d->Flags, 1,
+               real(a, d), a);
+}
+
+typedef CUresult (*array3d_v1_fn)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR_v1 *);
+static CUresult body_DRV_ARRAY3D_V1(enum gg_hook h, int v, uintptr_t ra, CUarray *a,
+                                    const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
+{
+    array3d_v1_fn real = REAL(array3d_v1_fn, h, v);
+    MISSING(real);
+    if (!d)
+        return real(a, d);
+    ARRAY_BODY(h, ra, d->Width, d->Height, d->Depth, d->Format, d->NumChannels, d->Flags, 1,
+               real(a, d), a);
+}
+
+typedef CUresult (*mipmap_fn)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
+static CUresult body_DRV_MIPMAP(enum gg_hook h, int v, uintptr_t ra, CUmipmappedArray *a,
+                                const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+    mipmap_fn real = REAL(mipmap_fn, h, v);
+    MISSING(real);
+    if (!d)
+        return real(a, d, levels);
+    ARRAY_BODY(h, ra, d->Width, d->Height, d->Depth, d->Format, d->NumChannels, d->Flags, levels,
+               real(a, d, levels), a);
+}
+
 typedef CUresult (*free_fn)(CUdeviceptr);
-static CUresult body_DRV_FREE(enum gg_hook h, int v, CUdeviceptr p)
+static CUresult body_DRV_FREE(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr p)
 {
     free_fn real = REAL(free_fn, h, v);
+    (void)ra;
     MISSING(real);
-    if (!p || !gg_enter())
-        return real(p);
-    struct gg_entry e;
-    struct gg_verdict vd;
-    uint32_t ticket;
-    bool known = gg_guard_release((uintptr_t)p, &e, &ticket, &vd);
-    return free_end(known, &e, ticket, &vd, real(p));
+    FREE_BODY((uintptr_t)p, real(p));
+}
+
+typedef CUresult (*free_v1_fn)(CUdeviceptr_v1);
+static CUresult body_DRV_FREE_V1(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr_v1 p)
+{
+    free_v1_fn real = REAL(free_v1_fn, h, v);
+    (void)ra;
+    MISSING(real);
+    FREE_BODY((uintptr_t)p, real(p));
 }
 
 typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
-static CUresult body_DRV_FREE_ASYNC(enum gg_hook h, int v, CUdeviceptr p, CUstream s)
+static CUresult body_DRV_FREE_ASYNC(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr p, CUstream s)
 {
     free_async_fn real = REAL(free_async_fn, h, v);
+    (void)ra;
     MISSING(real);
-    if (!p || !gg_enter())
-        return real(p, s);
-    struct gg_entry e;
-    struct gg_verdict vd;
-    uint32_t ticket;
-    bool known = gg_guard_release((uintptr_t)p, &e, &ticket, &vd);
-    return free_end(known, &e, ticket, &vd, real(p, s));
+    FREE_BODY((uintptr_t)p, real(p, s));
+}
+
+typedef CUresult (*array_free_fn)(CUarray);
+static CUresult body_DRV_ARRAY_FREE(enum gg_hook h, int v, uintptr_t ra, CUarray a)
+{
+    array_free_fn real = REAL(array_free_fn, h, v);
+    (void)ra;
+    MISSING(real);
+    FREE_BODY((uintptr_t)a, real(a));
+}
+
+typedef CUresult (*mipmap_free_fn)(CUmipmappedArray);
+static CUresult body_DRV_MIPMAP_FREE(enum gg_hook h, int v, uintptr_t ra, CUmipmappedArray a)
+{
+    mipmap_free_fn real = REAL(mipmap_free_fn, h, v);
+    (void)ra;
+    MISSING(real);
+    FREE_BODY((uintptr_t)a, real(a));
 }
 
 typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
-static CUresult body_DRV_RELEASE(enum gg_hook h, int v, CUmemGenericAllocationHandle hd)
+static CUresult body_DRV_RELEASE(enum gg_hook h, int v, uintptr_t ra,
+                                 CUmemGenericAllocationHandle hd)
 {
     release_fn real = REAL(release_fn, h, v);
+    (void)ra;
     MISSING(real);
-    if (!gg_enter())
+    if (!enter())
         return real(hd);
     CUresult r = real(hd);
     /* After the real call: a handle whose release failed still holds its
@@ -266,13 +449,14 @@ static CUresult body_DRV_RELEASE(enum gg_hook h, int v, CUmemGenericAllocationHa
 
 typedef CUresult (*map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
                            unsigned long long);
-static CUresult body_DRV_MAP(enum gg_hook h, int v, CUdeviceptr p, size_t n, size_t off,
-                             CUmemGenericAllocationHandle hd, unsigned long long f)
+static CUresult body_DRV_MAP(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr p, size_t n,
+                             size_t off, CUmemGenericAllocationHandle hd, unsigned long long f)
 {
     map_fn real = REAL(map_fn, h, v);
+    (void)ra;
     MISSING(real);
     CUresult r = real(p, n, off, hd, f);
-    if (r == CUDA_SUCCESS && gg_enter()) {
+    if (r == CUDA_SUCCESS && enter()) {
         gg_guard_mapped((uintptr_t)p, n, gg_ledger_handle_key(hd));
         gg_leave();
     }
@@ -280,12 +464,13 @@ static CUresult body_DRV_MAP(enum gg_hook h, int v, CUdeviceptr p, size_t n, siz
 }
 
 typedef CUresult (*unmap_fn)(CUdeviceptr, size_t);
-static CUresult body_DRV_UNMAP(enum gg_hook h, int v, CUdeviceptr p, size_t n)
+static CUresult body_DRV_UNMAP(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr p, size_t n)
 {
     unmap_fn real = REAL(unmap_fn, h, v);
+    (void)ra;
     MISSING(real);
     CUresult r = real(p, n);
-    if (r == CUDA_SUCCESS && gg_enter()) {
+    if (r == CUDA_SUCCESS && enter()) {
         struct gg_verdict vd;
         gg_guard_unmapped((uintptr_t)p, n, &vd);
         if (gg_unlikely(gg_verdict_any(&vd)))
@@ -295,14 +480,131 @@ static CUresult body_DRV_UNMAP(enum gg_hook h, int v, CUdeviceptr p, size_t n)
     return r;
 }
 
+/* ---- pools: made, trimmed, destroyed; synchronisations give memory back ---------- */
+
+/* A pool operation `CALL` (r its result), then what the guard is told:
+ * `TELL`, with vd for the timeline, by the outermost hook only. */
+#define POOL_OP(CALL, TELL)                                 \
+    do {                                                    \
+        bool in = enter();                                  \
+        CUresult r = CALL;                                  \
+        if (in) {                                           \
+            struct gg_verdict vd = {0};                     \
+            if (r == CUDA_SUCCESS)                          \
+                TELL;                                       \
+            if (gg_unlikely(gg_verdict_any(&vd)))           \
+                gg_react_free(-1, &vd);                     \
+            gg_leave();                                     \
+        }                                                   \
+        return r;                                           \
+    } while (0)
+
+typedef CUresult (*pool_create_fn)(CUmemoryPool *, const CUmemPoolProps *);
+static CUresult body_DRV_POOL_CREATE(enum gg_hook h, int v, uintptr_t ra, CUmemoryPool *pool,
+                                     const CUmemPoolProps *props)
+{
+    pool_create_fn real = REAL(pool_create_fn, h, v);
+    (void)ra;
+    MISSING(real);
+    /* Where its memory lives is in its properties: a device's, or the
+     * host's (never counted). */
+    POOL_OP(real(pool, props),
+            if (pool && props) gg_guard_pool_created(
+                (uint64_t)(uintptr_t)*pool, props->location.id,
+                props->location.type != CU_MEM_LOCATION_TYPE_DEVICE));
+}
+
+typedef CUresult (*pool_destroy_fn)(CUmemoryPool);
+static CUresult body_DRV_POOL_DESTROY(enum gg_hook h, int v, uintptr_t ra, CUmemoryPool pool)
+{
+    pool_destroy_fn real = REAL(pool_destroy_fn, h, v);
+    (void)ra;
+    MISSING(real);
+    POOL_OP(real(pool), gg_guard_pool_destroyed((uint64_t)(uintptr_t)pool, &vd));
+}
+
+typedef CUresult (*pool_trim_fn)(CUmemoryPool, size_t);
+static CUresult body_DRV_POOL_TRIM(enum gg_hook h, int v, uintptr_t ra, CUmemoryPool pool,
+                                   size_t keep)
+{
+    pool_trim_fn real = REAL(pool_trim_fn, h, v);
+    (void)ra;
+    MISSING(real);
+    POOL_OP(real(pool, keep), gg_guard_pool_trimmed((uint64_t)(uintptr_t)pool, keep, &vd));
+}
+
+typedef CUresult (*set_pool_fn)(CUdevice, CUmemoryPool);
+static CUresult body_DRV_SET_POOL(enum gg_hook h, int v, uintptr_t ra, CUdevice dev,
+                                  CUmemoryPool pool)
+{
+    set_pool_fn real = REAL(set_pool_fn, h, v);
+    (void)ra;
+    MISSING(real);
+    POOL_OP(real(dev, pool), gg_guard_current_pool((int)dev, (uint64_t)(uintptr_t)pool));
+}
+
+typedef CUresult (*stream_sync_fn)(CUstream);
+static CUresult body_DRV_STREAM_SYNC(enum gg_hook h, int v, uintptr_t ra, CUstream s)
+{
+    stream_sync_fn real = REAL(stream_sync_fn, h, v);
+    (void)ra;
+    MISSING(real);
+    POOL_OP(real(s), gg_guard_pools_synced(&vd));
+}
+
+typedef CUresult (*ctx_sync_fn)(void);
+static CUresult body_DRV_CTX_SYNC(enum gg_hook h, int v, uintptr_t ra)
+{
+    ctx_sync_fn real = REAL(ctx_sync_fn, h, v);
+    (void)ra;
+    MISSING(real);
+    POOL_OP(real(), gg_guard_pools_synced(&vd));
+}
+
+typedef CUresult (*ctx_sync2_fn)(CUcontext);
+static CUresult body_DRV_CTX_SYNC2(enum gg_hook h, int v, uintptr_t ra, CUcontext ctx)
+{
+    ctx_sync2_fn real = REAL(ctx_sync2_fn, h, v);
+    (void)ra;
+    MISSING(real);
+    POOL_OP(real(ctx), gg_guard_pools_synced(&vd));
+}
+
+/* ---- what the process sees of the device ---------------------------------------- */
+
 typedef CUresult (*meminfo_fn)(size_t *, size_t *);
-static CUresult body_DRV_MEMINFO(enum gg_hook h, int v, size_t *free_b, size_t *total_b)
+static CUresult body_DRV_MEMINFO(enum gg_hook h, int v, uintptr_t ra, size_t *free_b,
+                                 size_t *total_b)
 {
     meminfo_fn real = REAL(meminfo_fn, h, v);
+    (void)ra;
     MISSING(real);
     CUresult r = real(free_b, total_b);
-    if (r == CUDA_SUCCESS && gg_enter()) {
+    if (r == CUDA_SUCCESS && enter()) {
         gg_guard_meminfo(gg_driver_current_device(), free_b, total_b);
+        gg_leave();
+    }
+    return r;
+}
+
+/* The legacy ABI reads 32-bit sizes: the driver's own clamped answer,
+ * virtualized and clamped again. */
+typedef CUresult (*meminfo_v1_fn)(unsigned int *, unsigned int *);
+static CUresult body_DRV_MEMINFO_V1(enum gg_hook h, int v, uintptr_t ra, unsigned int *free_b,
+                                    unsigned int *total_b)
+{
+    meminfo_v1_fn real = REAL(meminfo_v1_fn, h, v);
+    (void)ra;
+    MISSING(real);
+    bool in = enter(); /* a driver that answers through its _v2 answers once */
+    CUresult r = real(free_b, total_b);
+    if (in) {
+        if (r == CUDA_SUCCESS && free_b && total_b) {
+            size_t f = *free_b, t = *total_b;
+            gg_guard_meminfo(gg_driver_current_device(), &f, &t);
+            *free_b = f > UINT32_MAX ? UINT32_MAX : (unsigned int)f;
+            *total_b = t > UINT32_MAX ? UINT32_MAX : (unsigned int)t;
+        }
         gg_leave();
     }
     return r;
@@ -310,83 +612,139 @@ static CUresult body_DRV_MEMINFO(enum gg_hook h, int v, size_t *free_b, size_t *
 
 typedef CUresult (*getproc2_fn)(const char *, void **, int, cuuint64_t,
                                 CUdriverProcAddressQueryResult *);
-static CUresult body_DRV_GETPROC2(enum gg_hook h, int v, const char *sym, void **pfn, int ver,
-                                  cuuint64_t flags, CUdriverProcAddressQueryResult *status)
+static CUresult body_DRV_GETPROC2(enum gg_hook h, int v, uintptr_t ra, const char *sym, void **pfn,
+                                  int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *status)
 {
     getproc2_fn real = REAL(getproc2_fn, h, v);
+    (void)ra;
     if (gg_active())
         gg_arch_poll(); /* a runtime starting up: new modules checked before their kernels */
     MISSING(real);
     CUresult r = real(sym, pfn, ver, flags, status);
     if (r == CUDA_SUCCESS && sym && pfn && *pfn && gg_hooks_driver_enabled() && !gg_passing_through())
-        *pfn = gg_hook_driver_lookup(sym, *pfn, (enum gg_origin)(v >> 1), flags, ver);
+        *pfn = gg_hook_driver_lookup(sym, *pfn, flags, ver);
     return r;
 }
 
 typedef CUresult (*getproc1_fn)(const char *, void **, int, cuuint64_t);
-static CUresult body_DRV_GETPROC1(enum gg_hook h, int v, const char *sym, void **pfn, int ver,
-                                  cuuint64_t flags)
+static CUresult body_DRV_GETPROC1(enum gg_hook h, int v, uintptr_t ra, const char *sym, void **pfn,
+                                  int ver, cuuint64_t flags)
 {
     getproc1_fn real = REAL(getproc1_fn, h, v);
+    (void)ra;
     if (gg_active())
         gg_arch_poll(); /* a runtime starting up: new modules checked before their kernels */
     MISSING(real);
     CUresult r = real(sym, pfn, ver, flags);
     if (r == CUDA_SUCCESS && sym && pfn && *pfn && gg_hooks_driver_enabled() && !gg_passing_through())
-        *pfn = gg_hook_driver_lookup(sym, *pfn, (enum gg_origin)(v >> 1), flags, ver);
+        *pfn = gg_hook_driver_lookup(sym, *pfn, flags, ver);
     return r;
 }
 
-/* ---- the variants, from hooks.def ------------------------------------------------ */
+/* ---- the variants and exports, from hooks.def -------------------------------------- */
 
 #define SIG_DRV_ALLOC (CUdeviceptr * p, size_t n)
-#define ARGS_DRV_ALLOC (p, n)
+#define ARGS_DRV_ALLOC (, p, n)
+#define SIG_DRV_ALLOC_V1 (CUdeviceptr_v1 * p, unsigned int n)
+#define ARGS_DRV_ALLOC_V1 (, p, n)
 #define SIG_DRV_PITCH (CUdeviceptr * p, size_t *pitch, size_t w, size_t hgt, unsigned elem)
-#define ARGS_DRV_PITCH (p, pitch, w, hgt, elem)
+#define ARGS_DRV_PITCH (, p, pitch, w, hgt, elem)
+#define SIG_DRV_PITCH_V1 \
+    (CUdeviceptr_v1 * p, unsigned int *pitch, unsigned int w, unsigned int hgt, unsigned int elem)
+#define ARGS_DRV_PITCH_V1 (, p, pitch, w, hgt, elem)
 #define SIG_DRV_MANAGED (CUdeviceptr * p, size_t n, unsigned f)
-#define ARGS_DRV_MANAGED (p, n, f)
+#define ARGS_DRV_MANAGED (, p, n, f)
 #define SIG_DRV_ASYNC (CUdeviceptr * p, size_t n, CUstream s)
-#define ARGS_DRV_ASYNC (p, n, s)
+#define ARGS_DRV_ASYNC (, p, n, s)
 #define SIG_DRV_POOL (CUdeviceptr * p, size_t n, CUmemoryPool m, CUstream s)
-#define ARGS_DRV_POOL (p, n, m, s)
+#define ARGS_DRV_POOL (, p, n, m, s)
 #define SIG_DRV_CREATE \
     (CUmemGenericAllocationHandle * hd, size_t n, const CUmemAllocationProp *prop, unsigned long long f)
-#define ARGS_DRV_CREATE (hd, n, prop, f)
+#define ARGS_DRV_CREATE (, hd, n, prop, f)
+#define SIG_DRV_ARRAY (CUarray * a, const CUDA_ARRAY_DESCRIPTOR *d)
+#define ARGS_DRV_ARRAY (, a, d)
+#define SIG_DRV_ARRAY_V1 (CUarray * a, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
+#define ARGS_DRV_ARRAY_V1 (, a, d)
+#define SIG_DRV_ARRAY3D (CUarray * a, const CUDA_ARRAY3D_DESCRIPTOR *d)
+#define ARGS_DRV_ARRAY3D (, a, d)
+#define SIG_DRV_ARRAY3D_V1 (CUarray * a, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
+#define ARGS_DRV_ARRAY3D_V1 (, a, d)
+#define SIG_DRV_MIPMAP (CUmipmappedArray * a, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+#define ARGS_DRV_MIPMAP (, a, d, levels)
 #define SIG_DRV_FREE (CUdeviceptr p)
-#define ARGS_DRV_FREE (p)
+#define ARGS_DRV_FREE (, p)
+#define SIG_DRV_FREE_V1 (CUdeviceptr_v1 p)
+#define ARGS_DRV_FREE_V1 (, p)
 #define SIG_DRV_FREE_ASYNC (CUdeviceptr p, CUstream s)
-#define ARGS_DRV_FREE_ASYNC (p, s)
+#define ARGS_DRV_FREE_ASYNC (, p, s)
+#define SIG_DRV_ARRAY_FREE (CUarray a)
+#define ARGS_DRV_ARRAY_FREE (, a)
+#define SIG_DRV_MIPMAP_FREE (CUmipmappedArray a)
+#define ARGS_DRV_MIPMAP_FREE (, a)
 #define SIG_DRV_RELEASE (CUmemGenericAllocationHandle hd)
-#define ARGS_DRV_RELEASE (hd)
+#define ARGS_DRV_RELEASE (, hd)
 #define SIG_DRV_MAP \
     (CUdeviceptr p, size_t n, size_t off, CUmemGenericAllocationHandle hd, unsigned long long f)
-#define ARGS_DRV_MAP (p, n, off, hd, f)
+#define ARGS_DRV_MAP (, p, n, off, hd, f)
 #define SIG_DRV_UNMAP (CUdeviceptr p, size_t n)
-#define ARGS_DRV_UNMAP (p, n)
+#define ARGS_DRV_UNMAP (, p, n)
+#define SIG_DRV_POOL_CREATE (CUmemoryPool * pool, const CUmemPoolProps *props)
+#define ARGS_DRV_POOL_CREATE (, pool, props)
+#define SIG_DRV_POOL_DESTROY (CUmemoryPool pool)
+#define ARGS_DRV_POOL_DESTROY (, pool)
+#define SIG_DRV_POOL_TRIM (CUmemoryPool pool, size_t keep)
+#define ARGS_DRV_POOL_TRIM (, pool, keep)
+#define SIG_DRV_SET_POOL (CUdevice dev, CUmemoryPool pool)
+#define ARGS_DRV_SET_POOL (, dev, pool)
+#define SIG_DRV_STREAM_SYNC (CUstream s)
+#define ARGS_DRV_STREAM_SYNC (, s)
+#define SIG_DRV_CTX_SYNC (void)
+#define ARGS_DRV_CTX_SYNC ()
+#define SIG_DRV_CTX_SYNC2 (CUcontext ctx)
+#define ARGS_DRV_CTX_SYNC2 (, ctx)
 #define SIG_DRV_MEMINFO (size_t * free_b, size_t *total_b)
-#define ARGS_DRV_MEMINFO (free_b, total_b)
+#define ARGS_DRV_MEMINFO (, free_b, total_b)
+#define SIG_DRV_MEMINFO_V1 (unsigned int *free_b, unsigned int *total_b)
+#define ARGS_DRV_MEMINFO_V1 (, free_b, total_b)
 #define SIG_DRV_GETPROC2 \
     (const char *sym, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *status)
-#define ARGS_DRV_GETPROC2 (sym, pfn, ver, flags, status)
+#define ARGS_DRV_GETPROC2 (, sym, pfn, ver, flags, status)
 #define SIG_DRV_GETPROC1 (const char *sym, void **pfn, int ver, cuuint64_t flags)
-#define ARGS_DRV_GETPROC1 (sym, pfn, ver, flags)
+#define ARGS_DRV_GETPROC1 (, sym, pfn, ver, flags)
 
+/* The return address is read by the variant itself: the call that entered
+ * the shim, the module that asked. */
+#define RA() ((uintptr_t)__builtin_return_address(0))
 #define EXPAND(...) __VA_ARGS__
+/* ARGS_ lists start with their comma: the return address comes first. */
 #define VARIANT(id, shape, v) VARIANT_(id, shape, v, SIG_##shape, ARGS_##shape)
-#define VARIANT_(id, shape, v, sig, args) \
-    static CUresult CUDAAPI drv_##id##_##v sig { return body_##shape(GG_HOOK_##id, v, EXPAND args); }
-#define HOOK_RT(id, shape)
-#define HOOK_DRV(id, shape) VARIANT(id, shape, 0) VARIANT(id, shape, 1) VARIANT(id, shape, 2) VARIANT(id, shape, 3)
-#define HOOK(id, family, export, base, min, max, ptsz, shape, journal) HOOK_##family(id, shape)
+#define VARIANT_(id, shape, v, sig, args)                                              \
+    static CUresult CUDAAPI drv_##id##_##v sig                                         \
+    {                                                                                  \
+        return body_##shape(GG_HOOK_##id, v, RA() EXPAND args);                    \
+    }
+
+/* variant v of a row exported under `name`, as libcuda exports it (no
+ * symbol version: a program linked against libcuda asks for none). */
+#define EXPORT(id, v, name) \
+    extern __typeof__(drv_##id##_##v) name __attribute__((alias("drv_" #id "_" #v), visibility("default")));
+
+#define HOOK_RT(id, export, shape, ptsz)
+#define HOOK_DRV(id, export, shape, ptsz) \
+    VARIANT(id, shape, 0) VARIANT(id, shape, 1) EXPORT(id, 0, export) EXPORT_PTSZ_##ptsz(id, export)
+#define EXPORT_PTSZ_0(id, export)
+#define EXPORT_PTSZ_1(id, export) EXPORT(id, 1, export##_ptsz)
+#define HOOK(id, family, export, base, min, max, ptsz, shape, journal) \
+    HOOK_##family(id, export, shape, ptsz)
 #include "hooks.def"
 #undef HOOK
 #undef HOOK_DRV
 
-/* variant = origin * 2 + per-thread stream */
-static void *const variants[GG_HOOK_COUNT][4] = {
-#define HOOK_DRV(id, shape) \
-    [GG_HOOK_##id] = {(void *)drv_##id##_0, (void *)drv_##id##_1, (void *)drv_##id##_2, (void *)drv_##id##_3},
-#define HOOK(id, family, export, base, min, max, ptsz, shape, journal) HOOK_##family(id, shape)
+/* variant = per-thread default stream (0: legacy) */
+static void *const variants[GG_HOOK_COUNT][2] = {
+#define HOOK_DRV(id, export, shape, ptsz) [GG_HOOK_##id] = {(void *)drv_##id##_0, (void *)drv_##id##_1},
+#define HOOK(id, family, export, base, min, max, ptsz, shape, journal) \
+    HOOK_##family(id, export, shape, ptsz)
 #include "hooks.def"
 #undef HOOK
 };
@@ -437,7 +795,7 @@ bool gg_hook_driver_wanted(const char *name)
 static bool is_hook(const void *fn, int *h_out, int *v_out)
 {
     for (int h = 0; h < GG_HOOK_COUNT; h++)
-        for (int v = 0; v < 4; v++)
+        for (int v = 0; v < 2; v++)
             if (variants[h][v] && variants[h][v] == fn) {
                 *h_out = h;
                 *v_out = v;
@@ -446,19 +804,18 @@ static bool is_hook(const void *fn, int *h_out, int *v_out)
     return false;
 }
 
-static void *hand_out(int h, void *real, enum gg_origin origin, int ptsz)
+static void *hand_out(int h, void *real, int ptsz)
 {
     int hh, hv;
-    if (is_hook(real, &hh, &hv)) /* already ours: only the origin changes */
-        return variants[hh][origin * 2 + (hv & 1)];
+    if (is_hook(real, &hh, &hv)) /* already ours (libcuda's tables may hold the exports) */
+        return real;
     ptsz = ptsz && gg_hooks[h].ptsz;
     void *expected = NULL;
     atomic_compare_exchange_strong(&real_fn[h][ptsz], &expected, real);
-    return variants[h][origin * 2 + ptsz];
+    return variants[h][ptsz];
 }
 
-void *gg_hook_driver_lookup(const char *name, void *real, enum gg_origin origin,
-                            unsigned long long flags, int version)
+void *gg_hook_driver_lookup(const char *name, void *real, unsigned long long flags, int version)
 {
     int h, ptsz;
     if (version < 0) {
@@ -467,17 +824,30 @@ void *gg_hook_driver_lookup(const char *name, void *real, enum gg_origin origin,
         h = by_base(name, version);
         ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
     }
-    return h < 0 ? real : hand_out(h, real, origin, ptsz);
+    return h < 0 ? real : hand_out(h, real, ptsz);
 }
 
-void *gg_hook_driver_entry(const char *symbol, void *fn, unsigned long long flags)
+void *gg_hook_driver_entry(const char *symbol, void *fn, unsigned long long flags, int version)
 {
     if (!gg_hooks_driver_enabled() || !fn || !symbol || gg_passing_through())
         return fn;
     int h, v;
     if (is_hook(fn, &h, &v))
-        return variants[h][GG_ORIGIN_ENTRY * 2 + (v & 1)];
-    /* The runtime asked the driver directly: trust it with the newest
-     * signature of the name. */
-    return gg_hook_driver_lookup(symbol, fn, GG_ORIGIN_ENTRY, flags, 1 << 30);
+        return fn;
+    /* The runtime asked the driver without the shim's cuGetProcAddress:
+     * which ABI is it? The driver's export it is, else the one of the
+     * version the runtime asked for. Never a newer one: a legacy caller
+     * handed a _v2 would get a 64-bit pointer in its 32-bit slot. */
+    for (h = 0; h < GG_HOOK_COUNT; h++) {
+        const struct gg_hook_info *i = &gg_hooks[h];
+        char name[80];
+        if (!i->driver || strcmp(i->base, symbol) != 0)
+            continue;
+        if (gg_driver_sym(i->export) == fn)
+            return hand_out(h, fn, 0);
+        snprintf(name, sizeof name, "%s_ptsz", i->export);
+        if (i->ptsz && gg_driver_sym(name) == fn)
+            return hand_out(h, fn, 1);
+    }
+    return version > 0 ? gg_hook_driver_lookup(symbol, fn, flags, version) : fn;
 }

@@ -8,17 +8,24 @@
  * error codes reach the caller unchanged, and a refusal is exactly
  * cudaErrorMemoryAllocation (also as the runtime's last error), the one code
  * PyTorch's allocator answers by freeing its cache and retrying.
- * cudaFree(NULL) and zero-size requests go straight through.
+ * cudaFree(NULL) and zero-size requests go straight through. A dlsym of a
+ * hooked name on a runtime's own handle (ctypes) gets the copy that
+ * forwards to the function it found (gg_hook_runtime_lookup).
  */
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "arch.h"
+#include "arrays.h"
 #include "device.h"
+#include "driver.h"
 #include "events.h"
 #include "gate.h"
 #include "guard.h"
 #include "hooks.h"
+#include "pools.h"
 #include "prim.h"
 #include "react.h"
 #include "runtime.h"
@@ -62,9 +69,9 @@ static GG_COLD cudaError_t missing(enum gg_rt rt, enum gg_hook h)
 /* ---- the bodies, one per shape ---------------------------------------------------------- */
 
 /* The runtime allocates on its current device: ask it, unless there is only
- * one. */
-static inline bool begin(struct gg_call *c, enum gg_rt rt, enum gg_hook h, uint64_t bytes,
-                         uint8_t refusable)
+ * one. ra: the caller's return address (the module that asked). */
+static inline bool begin(struct gg_call *c, enum gg_rt rt, enum gg_hook h, uintptr_t ra,
+                         uint64_t bytes, uint8_t refusable)
 {
     if (!bytes || !gg_enter())
         return false;
@@ -72,8 +79,10 @@ static inline bool begin(struct gg_call *c, enum gg_rt rt, enum gg_hook h, uint6
     c->api = (uint8_t)h;
     c->api_name = gg_hooks[h].journal;
     c->refusable = refusable;
+    c->pool = GG_POOL_NONE;
     c->runtime = true;
     c->bytes = bytes;
+    c->caller = ra;
     return true;
 }
 
@@ -114,11 +123,14 @@ static GG_COLD void unknown_free(enum gg_rt rt, const void *p, cudaError_t r)
                         "(said once, counted in the summary)", p);
 }
 
-static inline cudaError_t free_end(enum gg_rt rt, void *p, bool known, const struct gg_entry *e,
-                                   uint32_t ticket, const struct gg_verdict *v, cudaError_t r)
+static inline cudaError_t free_end(enum gg_rt rt, void *p, bool known, bool report,
+                                   const struct gg_entry *e, uint32_t ticket,
+                                   const struct gg_verdict *v, cudaError_t r)
 {
-    if (!known)
-        unknown_free(rt, p, r);
+    if (!known) {
+        if (report)
+            unknown_free(rt, p, r);
+    }
     else if (r != cudaSuccess)
         gg_guard_unrelease(e, ticket);
     else if (gg_unlikely(gg_verdict_any(v)))
@@ -127,18 +139,24 @@ static inline cudaError_t free_end(enum gg_rt rt, void *p, bool known, const str
     return r;
 }
 
-#define ALLOC_BODY(rt, h, bytes, refusable, p, CALL)      \
+#define ADMIT_CALL(c, rt, p, CALL)                        \
     do {                                                  \
-        struct gg_call c;                                 \
         struct gg_verdict v;                              \
-        if (!begin(&c, rt, h, bytes, refusable))          \
-            return CALL;                                  \
         if (!gg_guard_admit(&c, &v))                      \
-            return refuse(&c, &v, rt, p);                 \
-        return end(&c, &v, CALL, p);                      \
+            return refuse(&c, &v, rt, (void **)(p));      \
+        return end(&c, &v, CALL, (void **)(p));           \
     } while (0)
 
-#define FREE_BODY(rt, p, CALL)                                                   \
+#define ALLOC_BODY(rt, h, ra, bytes, refusable, p, CALL)  \
+    do {                                                  \
+        struct gg_call c;                                 \
+        if (!begin(&c, rt, h, ra, bytes, refusable))      \
+            return CALL;                                  \
+        ADMIT_CALL(c, rt, p, CALL);                       \
+    } while (0)
+
+/* `report`: a free of memory the shim never saw is said (and counted). */
+#define FREE_BODY(rt, p, report, CALL)                                           \
     do {                                                                         \
         if (!p || !gg_enter())                                                   \
             return CALL;                                                         \
@@ -146,44 +164,69 @@ static inline cudaError_t free_end(enum gg_rt rt, void *p, bool known, const str
         struct gg_verdict v;                                                     \
         uint32_t ticket;                                                         \
         bool known = gg_guard_release((uintptr_t)p, &e, &ticket, &v);           \
-        return free_end(rt, p, known, &e, ticket, &v, CALL);                     \
+        return free_end(rt, p, known, report, &e, ticket, &v, CALL);               \
     } while (0)
 
 typedef cudaError_t (*alloc_fn)(void **, size_t);
-static inline cudaError_t body_RT_ALLOC(enum gg_hook h, enum gg_rt rt, void **p, size_t n)
+static inline cudaError_t body_RT_ALLOC(enum gg_hook h, enum gg_rt rt, uintptr_t ra, void **p,
+                                        size_t n)
 {
     REAL(alloc_fn, rt, h);
-    ALLOC_BODY(rt, h, n, GG_REFUSABLE, p, real(p, n));
+    ALLOC_BODY(rt, h, ra, n, GG_REFUSABLE, p, real(p, n));
 }
 
+/* A stream-ordered request: charged to the device of the pool that serves
+ * it, judged by how much that pool must grow; a host pool's passes by.
+ * pool 0: the current pool of the stream's device. */
+#define POOL_BODY(rt, h, ra, n, POOL, STREAM, P, CALL)                                  \
+    do {                                                                                \
+        struct gg_call c;                                                               \
+        if (!begin(&c, rt, h, ra, n, GG_REFUSABLE))                                     \
+            return CALL;                                                                \
+        if ((uintptr_t)(STREAM) > 2) { /* not a default stream: the stream's device */ \
+            int sd = gg_driver_stream_device(STREAM);                                   \
+            c.dev = sd >= 0 ? sd : c.dev;                                               \
+        }                                                                               \
+        if (!gg_guard_pool(&c, POOL, c.dev, gg_hooks_driver_enabled())) {               \
+            cudaError_t r = CALL;                                                       \
+            if (r == cudaSuccess && (P))                                                \
+                gg_guard_host_allocated((uintptr_t) * (P));                             \
+            gg_leave();                                                                 \
+            return r;                                                                   \
+        }                                                                               \
+        ADMIT_CALL(c, rt, P, CALL);                                                     \
+    } while (0)
+
 typedef cudaError_t (*async_fn)(void **, size_t, cudaStream_t);
-static inline cudaError_t body_RT_ASYNC(enum gg_hook h, enum gg_rt rt, void **p, size_t n,
-                                        cudaStream_t s)
+static inline cudaError_t body_RT_ASYNC(enum gg_hook h, enum gg_rt rt, uintptr_t ra, void **p,
+                                        size_t n, cudaStream_t s)
 {
     REAL(async_fn, rt, h);
-    ALLOC_BODY(rt, h, n, GG_REFUSABLE, p, real(p, n, s));
+    POOL_BODY(rt, h, ra, n, 0, s, p, real(p, n, s));
 }
 
 typedef cudaError_t (*pool_fn)(void **, size_t, cudaMemPool_t, cudaStream_t);
-static inline cudaError_t body_RT_POOL(enum gg_hook h, enum gg_rt rt, void **p, size_t n,
-                                       cudaMemPool_t pool, cudaStream_t s)
+static inline cudaError_t body_RT_POOL(enum gg_hook h, enum gg_rt rt, uintptr_t ra, void **p,
+                                       size_t n, cudaMemPool_t pool, cudaStream_t s)
 {
     REAL(pool_fn, rt, h);
-    ALLOC_BODY(rt, h, n, GG_REFUSABLE, p, real(p, n, pool, s));
+    if (!pool) /* no pool: the runtime says what is wrong */
+        return real(p, n, pool, s);
+    POOL_BODY(rt, h, ra, n, (uint64_t)(uintptr_t)pool, s, p, real(p, n, pool, s));
 }
 
 typedef cudaError_t (*managed_fn)(void **, size_t, unsigned);
-static inline cudaError_t body_RT_MANAGED(enum gg_hook h, enum gg_rt rt, void **p, size_t n,
-                                          unsigned flags)
+static inline cudaError_t body_RT_MANAGED(enum gg_hook h, enum gg_rt rt, uintptr_t ra, void **p,
+                                          size_t n, unsigned flags)
 {
     REAL(managed_fn, rt, h);
     /* Managed memory may oversubscribe the device: counted, never refused. */
-    ALLOC_BODY(rt, h, n, GG_REFUSABLE_NEVER, p, real(p, n, flags));
+    ALLOC_BODY(rt, h, ra, n, GG_REFUSABLE_NEVER, p, real(p, n, flags));
 }
 
 typedef cudaError_t (*pitch_fn)(void **, size_t *, size_t, size_t);
-static cudaError_t body_RT_PITCH(enum gg_hook h, enum gg_rt rt, void **p, size_t *pitch, size_t w,
-                                 size_t hgt)
+static cudaError_t body_RT_PITCH(enum gg_hook h, enum gg_rt rt, uintptr_t ra, void **p,
+                                 size_t *pitch, size_t w, size_t hgt)
 {
     REAL(pitch_fn, rt, h);
     uint64_t bytes;
@@ -191,7 +234,7 @@ static cudaError_t body_RT_PITCH(enum gg_hook h, enum gg_rt rt, void **p, size_t
         bytes = UINT64_MAX; /* cannot be had: the guard refuses or the runtime fails */
     struct gg_call c;
     struct gg_verdict v;
-    if (!begin(&c, rt, h, bytes, GG_REFUSABLE))
+    if (!begin(&c, rt, h, ra, bytes, GG_REFUSABLE))
         return real(p, pitch, w, hgt);
     if (!gg_guard_admit(&c, &v))
         return refuse(&c, &v, rt, p);
@@ -201,11 +244,82 @@ static cudaError_t body_RT_PITCH(enum gg_hook h, enum gg_rt rt, void **p, size_t
     return end(&c, &v, r, p);
 }
 
+/* 3-D pitched memory: width bytes for each of height x depth rows, counted
+ * by the pitch the device gave. An extent that overflows is the runtime's
+ * to reject. */
+typedef cudaError_t (*malloc3d_fn)(struct cudaPitchedPtr *, struct cudaExtent);
+static cudaError_t body_RT_3D(enum gg_hook h, enum gg_rt rt, uintptr_t ra,
+                              struct cudaPitchedPtr *pp, struct cudaExtent e)
+{
+    REAL(malloc3d_fn, rt, h);
+    uint64_t rows, bytes;
+    if (!pp || __builtin_mul_overflow((uint64_t)e.height, (uint64_t)e.depth, &rows) ||
+        __builtin_mul_overflow((uint64_t)e.width, rows, &bytes))
+        return real(pp, e);
+    struct gg_call c;
+    struct gg_verdict v;
+    if (!begin(&c, rt, h, ra, bytes, GG_REFUSABLE))
+        return real(pp, e);
+    if (!gg_guard_admit(&c, &v)) {
+        memset(pp, 0, sizeof *pp);
+        return refuse(&c, &v, rt, NULL);
+    }
+    cudaError_t r = real(pp, e);
+    if (r == cudaSuccess && !__builtin_mul_overflow((uint64_t)pp->pitch, rows, &bytes))
+        c.bytes = bytes; /* what the device really gave */
+    void *ptr = r == cudaSuccess ? pp->ptr : NULL;
+    return end(&c, &v, r, &ptr);
+}
+
+/* Arrays: the bytes their extent and channel format hold (arrays.h); one
+ * the runtime will reject passes through uncounted, its error the runtime's. */
+#define ARRAY_BODY(rt, h, ra, A, DESC, W, H, D, FLAGS, LEVELS, CALL)                      \
+    do {                                                                                  \
+        uint64_t bytes;                                                                   \
+        if (!(DESC) || !gg_array_bytes(W, H, D,                                           \
+                                       gg_array_channel_bytes((DESC)->x, (DESC)->y,       \
+                                                              (DESC)->z, (DESC)->w),      \
+                                       FLAGS, LEVELS, &bytes))                            \
+            return CALL;                                                                  \
+        ALLOC_BODY(rt, h, ra, bytes, GG_REFUSABLE, A, CALL);                              \
+    } while (0)
+
+typedef cudaError_t (*array_fn)(cudaArray_t *, const struct cudaChannelFormatDesc *, size_t,
+                                size_t, unsigned);
+static cudaError_t body_RT_ARRAY(enum gg_hook h, enum gg_rt rt, uintptr_t ra, cudaArray_t *a,
+                                 const struct cudaChannelFormatDesc *desc, size_t w, size_t hgt,
+                                 unsigned flags)
+{
+    REAL(array_fn, rt, h);
+    ARRAY_BODY(rt, h, ra, a, desc, w, hgt, 0, flags, 1, real(a, desc, w, hgt, flags));
+}
+
+typedef cudaError_t (*array3d_fn)(cudaArray_t *, const struct cudaChannelFormatDesc *,
+                                  struct cudaExtent, unsigned);
+static cudaError_t body_RT_ARRAY3D(enum gg_hook h, enum gg_rt rt, uintptr_t ra, cudaArray_t *a,
+                                   const struct cudaChannelFormatDesc *desc, struct cudaExtent e,
+                                   unsigned flags)
+{
+    REAL(array3d_fn, rt, h);
+    ARRAY_BODY(rt, h, ra, a, desc, e.width, e.height, e.depth, flags, 1, real(a, desc, e, flags));
+}
+
+typedef cudaError_t (*mipmap_fn)(cudaMipmappedArray_t *, const struct cudaChannelFormatDesc *,
+                                 struct cudaExtent, unsigned, unsigned);
+static cudaError_t body_RT_MIPMAP(enum gg_hook h, enum gg_rt rt, uintptr_t ra,
+                                  cudaMipmappedArray_t *a, const struct cudaChannelFormatDesc *desc,
+                                  struct cudaExtent e, unsigned levels, unsigned flags)
+{
+    REAL(mipmap_fn, rt, h);
+    ARRAY_BODY(rt, h, ra, a, desc, e.width, e.height, e.depth, flags, levels,
+               real(a, desc, e, levels, flags));
+}
+
 typedef cudaError_t (*free_fn)(void *);
 static inline cudaError_t body_RT_FREE(enum gg_hook h, enum gg_rt rt, void *p)
 {
     REAL(free_fn, rt, h);
-    FREE_BODY(rt, p, real(p));
+    FREE_BODY(rt, p, true, real(p));
 }
 
 typedef cudaError_t (*free_async_fn)(void *, cudaStream_t);
@@ -213,11 +327,28 @@ static inline cudaError_t body_RT_FREE_ASYNC(enum gg_hook h, enum gg_rt rt, void
                                              cudaStream_t s)
 {
     REAL(free_async_fn, rt, h);
-    FREE_BODY(rt, p, real(p, s));
+    FREE_BODY(rt, p, true, real(p, s));
+}
+
+/* An array the shim did not count (sparse, deferred) is no surprise. */
+typedef cudaError_t (*free_array_fn)(cudaArray_t);
+static cudaError_t body_RT_FREE_ARRAY(enum gg_hook h, enum gg_rt rt, cudaArray_t a)
+{
+    REAL(free_array_fn, rt, h);
+    FREE_BODY(rt, a, false, real(a));
+}
+
+typedef cudaError_t (*free_mipmap_fn)(cudaMipmappedArray_t);
+static cudaError_t body_RT_FREE_MIPMAP(enum gg_hook h, enum gg_rt rt,
+                                       cudaMipmappedArray_t a)
+{
+    REAL(free_mipmap_fn, rt, h);
+    FREE_BODY(rt, a, false, real(a));
 }
 
 typedef cudaError_t (*meminfo_fn)(size_t *, size_t *);
-static cudaError_t body_RT_MEMINFO(enum gg_hook h, enum gg_rt rt, size_t *free_b, size_t *total_b)
+static cudaError_t body_RT_MEMINFO(enum gg_hook h, enum gg_rt rt, size_t *free_b,
+                                   size_t *total_b)
 {
     REAL(meminfo_fn, rt, h);
     cudaError_t r = real(free_b, total_b);
@@ -228,29 +359,31 @@ static cudaError_t body_RT_MEMINFO(enum gg_hook h, enum gg_rt rt, size_t *free_b
     return r;
 }
 
-/* Driver entry points: PyTorch's expandable segments, CuPy. */
+/* Driver entry points: PyTorch's expandable segments, CuPy. The plain form
+ * asks at the runtime's own version. */
 typedef cudaError_t (*entry_fn)(const char *, void **, unsigned long long,
                                 enum cudaDriverEntryPointQueryResult *);
-static cudaError_t body_RT_ENTRY(enum gg_hook h, enum gg_rt rt, const char *sym, void **fn,
-                                 unsigned long long flags, enum cudaDriverEntryPointQueryResult *st)
+static cudaError_t body_RT_ENTRY(enum gg_hook h, enum gg_rt rt, const char *sym,
+                                 void **fn, unsigned long long flags,
+                                 enum cudaDriverEntryPointQueryResult *st)
 {
     REAL(entry_fn, rt, h);
     cudaError_t r = real(sym, fn, flags, st);
     if (r == cudaSuccess && fn && *fn)
-        *fn = gg_hook_driver_entry(sym, *fn, flags);
+        *fn = gg_hook_driver_entry(sym, *fn, flags, gg_runtime_version(rt));
     return r;
 }
 
 typedef cudaError_t (*entry_v_fn)(const char *, void **, unsigned int, unsigned long long,
                                   enum cudaDriverEntryPointQueryResult *);
-static cudaError_t body_RT_ENTRY_V(enum gg_hook h, enum gg_rt rt, const char *sym, void **fn,
-                                   unsigned int version, unsigned long long flags,
+static cudaError_t body_RT_ENTRY_V(enum gg_hook h, enum gg_rt rt, const char *sym,
+                                   void **fn, unsigned int version, unsigned long long flags,
                                    enum cudaDriverEntryPointQueryResult *st)
 {
     REAL(entry_v_fn, rt, h);
     cudaError_t r = real(sym, fn, version, flags, st);
     if (r == cudaSuccess && fn && *fn)
-        *fn = gg_hook_driver_entry(sym, *fn, flags);
+        *fn = gg_hook_driver_entry(sym, *fn, flags, (int)version);
     return r;
 }
 
@@ -281,6 +414,12 @@ static void **body_RT_REGISTER(enum gg_hook h, enum gg_rt rt, void *fat_cubin)
 #define RET_RT_POOL cudaError_t
 #define RET_RT_MANAGED cudaError_t
 #define RET_RT_PITCH cudaError_t
+#define RET_RT_3D cudaError_t
+#define RET_RT_ARRAY cudaError_t
+#define RET_RT_ARRAY3D cudaError_t
+#define RET_RT_MIPMAP cudaError_t
+#define RET_RT_FREE_ARRAY cudaError_t
+#define RET_RT_FREE_MIPMAP cudaError_t
 #define RET_RT_FREE cudaError_t
 #define RET_RT_FREE_ASYNC cudaError_t
 #define RET_RT_MEMINFO cudaError_t
@@ -299,6 +438,22 @@ static void **body_RT_REGISTER(enum gg_hook h, enum gg_rt rt, void *fat_cubin)
 #define ARGS_RT_MANAGED (p, n, flags)
 #define SIG_RT_PITCH (void **p, size_t *pitch, size_t w, size_t hgt)
 #define ARGS_RT_PITCH (p, pitch, w, hgt)
+#define SIG_RT_3D (struct cudaPitchedPtr * pp, struct cudaExtent e)
+#define ARGS_RT_3D (pp, e)
+#define SIG_RT_ARRAY \
+    (cudaArray_t * a, const struct cudaChannelFormatDesc *desc, size_t w, size_t hgt, unsigned flags)
+#define ARGS_RT_ARRAY (a, desc, w, hgt, flags)
+#define SIG_RT_ARRAY3D \
+    (cudaArray_t * a, const struct cudaChannelFormatDesc *desc, struct cudaExtent e, unsigned flags)
+#define ARGS_RT_ARRAY3D (a, desc, e, flags)
+#define SIG_RT_MIPMAP                                                                    \
+    (cudaMipmappedArray_t * a, const struct cudaChannelFormatDesc *desc, struct cudaExtent e, \
+     unsigned levels, unsigned flags)
+#define ARGS_RT_MIPMAP (a, desc, e, levels, flags)
+#define SIG_RT_FREE_ARRAY (cudaArray_t a)
+#define ARGS_RT_FREE_ARRAY (a)
+#define SIG_RT_FREE_MIPMAP (cudaMipmappedArray_t a)
+#define ARGS_RT_FREE_MIPMAP (a)
 #define SIG_RT_FREE (void *p)
 #define ARGS_RT_FREE (p)
 #define SIG_RT_FREE_ASYNC (void *p, cudaStream_t s)
@@ -316,14 +471,36 @@ static void **body_RT_REGISTER(enum gg_hook h, enum gg_rt rt, void *fat_cubin)
 #define EXPAND(...) __VA_ARGS__
 
 /* One exported function `name` forwarding to runtime rt (the parameter
- * lists are expanded before they are pasted in). */
+ * lists are expanded before they are pasted in). One that allocates reads
+ * its own return address: the call that entered the shim, the module that
+ * asked. */
 #define RT_FN(name, rt, id, shape) RT_FN_(name, rt, id, shape, SIG_##shape, ARGS_##shape)
-#define RT_FN_(name, rt, id, shape, sig, args)                      \
-    GG_EXPORT RET_##shape CUDARTAPI name sig;                       \
-    GG_EXPORT RET_##shape CUDARTAPI name sig                        \
-    {                                                               \
-        return body_##shape(GG_HOOK_##id, rt, EXPAND args);         \
+#define RT_FN_(name, rt, id, shape, sig, args)                                       \
+    GG_EXPORT RET_##shape CUDARTAPI name sig;                                        \
+    GG_EXPORT RET_##shape CUDARTAPI name sig                                         \
+    {                                                                                \
+        return body_##shape(GG_HOOK_##id, rt RA_##shape, EXPAND args);               \
     }
+/* The shapes that allocate take the return address; frees and the rest
+ * need none (not even its load). */
+#define RA_YES , (uintptr_t)__builtin_return_address(0)
+#define RA_RT_ALLOC RA_YES
+#define RA_RT_ASYNC RA_YES
+#define RA_RT_POOL RA_YES
+#define RA_RT_MANAGED RA_YES
+#define RA_RT_PITCH RA_YES
+#define RA_RT_3D RA_YES
+#define RA_RT_ARRAY RA_YES
+#define RA_RT_ARRAY3D RA_YES
+#define RA_RT_MIPMAP RA_YES
+#define RA_RT_FREE
+#define RA_RT_FREE_ASYNC
+#define RA_RT_FREE_ARRAY
+#define RA_RT_FREE_MIPMAP
+#define RA_RT_MEMINFO
+#define RA_RT_ENTRY
+#define RA_RT_ENTRY_V
+#define RA_RT_REGISTER
 
 /* The copy for unversioned callers: export@@GPUGUARD_CUDART, the default.
  * Not the base version: glibc lets a versioned reference bind to a symbol
@@ -353,4 +530,45 @@ _Static_assert(GG_RT_COUNT == 6, "RT_COPIES must name every version of GG_RUNTIM
 #define HOOK(id, family, export, base, min, max, ptsz, shape, journal) HOOK_##family(id, export, shape)
 #include "hooks.def"
 #undef HOOK
+#undef HOOK_RT
+
+/* ---- a dlsym of a runtime function on a runtime's handle (ctypes) ----------------- */
+
+/* Every copy, by hook and runtime version. */
+static void *const copies[GG_HOOK_COUNT][GG_RT_COUNT] = {
+#define HOOK_RT(id, export, shape)                                                      \
+    [GG_HOOK_##id] = {(void *)gg_rt_any_##export, (void *)gg_rt_11_##export,            \
+                      (void *)gg_rt_12_##export, (void *)gg_rt_13_##export,             \
+                      (void *)gg_rt_14_##export, (void *)gg_rt_15_##export},
+#define HOOK(id, family, export, base, min, max, ptsz, shape, journal) HOOK_##family(id, export, shape)
+#include "hooks.def"
+#undef HOOK
+};
 #pragma GCC diagnostic pop
+
+static int runtime_hook(const char *name)
+{
+    for (int h = 0; h < GG_HOOK_COUNT; h++)
+        if (!gg_hooks[h].driver && !strcmp(gg_hooks[h].export, name))
+            return h;
+    return -1;
+}
+
+bool gg_hook_runtime_wanted(const char *name)
+{
+    return runtime_hook(name) >= 0;
+}
+
+/* The copy whose runtime's function is `real`: the version it was found
+ * under first, then the unversioned copy (a runtime built without symbol
+ * versions, found as the process's first). */
+void *gg_hook_runtime_lookup(const char *name, void *real)
+{
+    int h = runtime_hook(name);
+    if (h < 0 || !real)
+        return NULL;
+    for (int rt = GG_RT_COUNT - 1; rt >= GG_RT_ANY; rt--)
+        if (real_of((enum gg_rt)rt, (enum gg_hook)h) == real)
+            return copies[h][rt];
+    return NULL;
+}

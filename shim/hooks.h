@@ -25,23 +25,30 @@ extern const struct gg_hook_info gg_hooks[GG_HOOK_COUNT];
  * driver's lookups can come before the shim starts). */
 bool gg_hooks_driver_enabled(void);
 
-/* ---- hook_driver.c: the driver's hooks, handed out at lookups ---------------- */
-
-/* Where a driver pointer was looked up: a driver lookup (dlsym on libcuda,
- * cuGetProcAddress: static runtimes such as NCCL's; counted, refused only
- * under enforce = all) or an entry point (cudaGetDriverEntryPoint: refusable). */
-enum gg_origin { GG_ORIGIN_DRIVER = 0, GG_ORIGIN_ENTRY = 1 };
+/* ---- hook_driver.c: the driver's hooks, exported and handed out at lookups --- */
 
 /* The hook to hand out for the driver function `real` found under `name`:
  * an exported name when version < 0 (dlsym), else a cuGetProcAddress base
- * name with that CUDA version and flags. `real` itself when not hooked. */
-void *gg_hook_driver_lookup(const char *name, void *real, enum gg_origin origin,
-                            unsigned long long flags, int version);
+ * name with that CUDA version and flags (the ABI of that version). `real`
+ * itself when not hooked. */
+void *gg_hook_driver_lookup(const char *name, void *real, unsigned long long flags, int version);
 
 /* Is `name` the exported name of a hooked driver function (or its _ptsz)? */
 bool gg_hook_driver_wanted(const char *name);
 
-/* For cudaGetDriverEntryPoint: make a looked-up pointer an entry-origin hook. */
-void *gg_hook_driver_entry(const char *symbol, void *fn, unsigned long long flags);
+/* For cudaGetDriverEntryPoint[ByVersion]: the hook for a looked-up pointer
+ * `fn` of `symbol`, asked at `version` (the runtime's own for the plain
+ * form; <= 0: unknown). */
+void *gg_hook_driver_entry(const char *symbol, void *fn, unsigned long long flags, int version);
+
+/* ---- hook_runtime.c: the runtime's hooks ---------------------------------------- */
+
+/* Is `name` a hooked runtime function? */
+bool gg_hook_runtime_wanted(const char *name);
+
+/* For a dlsym of runtime function `name` that found `real` in a loaded
+ * runtime (ctypes.CDLL("libcudart.so.13").cudaMalloc): the shim's copy
+ * that forwards to that very function; NULL when none does. */
+void *gg_hook_runtime_lookup(const char *name, void *real);
 
 #endif /* GG_HOOKS_H */

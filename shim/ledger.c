@@ -25,7 +25,7 @@ struct shard {
     uintptr_t recent[RECENT];      /* the last ones, by unknown_seq % RECENT */
     /* Written under the lock with plain (not locked) read-modify-writes;
      * read without it when summed. */
-    _Atomic uint64_t allocs[GG_MAX_DEVICES], frees[GG_MAX_DEVICES];
+    _Atomic uint64_t allocs[GG_MAX_DEVICES + 1], frees[GG_MAX_DEVICES + 1]; /* + no device's */
 };
 
 static struct shard shards[SHARDS];
@@ -272,12 +272,12 @@ static uint64_t sum(size_t offset, int dev)
 
 uint64_t gg_ledger_allocs(int dev)
 {
-    return (unsigned)dev < GG_MAX_DEVICES ? sum(offsetof(struct shard, allocs), dev) : 0;
+    return (unsigned)dev <= GG_LEDGER_NO_DEVICE ? sum(offsetof(struct shard, allocs), dev) : 0;
 }
 
 uint64_t gg_ledger_frees(int dev)
 {
-    return (unsigned)dev < GG_MAX_DEVICES ? sum(offsetof(struct shard, frees), dev) : 0;
+    return (unsigned)dev <= GG_LEDGER_NO_DEVICE ? sum(offsetof(struct shard, frees), dev) : 0;
 }
 
 uint64_t gg_ledger_footprint(void)

@@ -20,19 +20,28 @@
 #include <stdint.h>
 
 #define GG_MAX_DEVICES 64
+/* The `dev` of memory the guard knows but never counts (a host pool's): kept
+ * so that its free is no surprise; in no device's figures. */
+#define GG_LEDGER_NO_DEVICE GG_MAX_DEVICES
 
 /* A VMM handle still mapped somewhere when it was released: its memory
  * lives until the last mapping goes (cuMemRelease, cuMemUnmap). */
 #define GG_ENTRY_RELEASED 0x1u
+/* Handed out by a stream-ordered pool (`pool` names it, pools.h): its bytes
+ * are the pool's, and stay on the device when it is freed. */
+#define GG_ENTRY_POOL 0x2u
 
 struct gg_entry {
     uintptr_t key;     /* device pointer, or gg_ledger_handle_key(handle) */
     uint64_t size;     /* bytes counted */
     uint32_t site;     /* the caller's site id (opaque here) */
-    uint8_t dev;
+    uint8_t dev;       /* or GG_LEDGER_NO_DEVICE */
     uint8_t api;       /* which function allocated it (opaque here) */
     uint8_t flags;     /* GG_ENTRY_* */
-    uint8_t refs;      /* VMM mappings of a handle (saturates at 255) */
+    union {
+        uint8_t refs;  /* VMM mappings of a handle (saturates at 255) */
+        uint8_t pool;  /* GG_ENTRY_POOL: its pool's slot (a pointer is never mapped) */
+    };
 };
 
 /* Handles and pointers share the table: ~handle keeps the key spaces apart
@@ -77,7 +86,8 @@ enum gg_ledger_release gg_ledger_release(uintptr_t key, struct gg_entry *out);
 /* Look without changing anything. */
 bool gg_ledger_find(uintptr_t key, struct gg_entry *out);
 
-/* Allocations and frees recorded for a device (live = allocs - frees). */
+/* Allocations and frees recorded for a device (live = allocs - frees);
+ * GG_LEDGER_NO_DEVICE's too. */
 uint64_t gg_ledger_allocs(int dev);
 uint64_t gg_ledger_frees(int dev);
 

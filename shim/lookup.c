@@ -1,14 +1,18 @@
-/* lookup.c - layer 6: the driver lookups made with dlsym.
+/* lookup.c - layer 6: the lookups made with dlsym.
  *
  * libcudart and static runtimes (NCCL, cuBLAS) take cuGetProcAddress, and
- * older PyTorch its VMM functions, with dlsym on libcuda's handle. The
- * shim's dlsym (the trampoline, prim.h) asks this filter first: a lookup of
- * a hooked driver function that the real dlsym finds in libcuda gets the
- * shim's hook; everything else goes to the real dlsym with the caller's own
- * frame. The filter is registered when the library is loaded: that stores
- * one pointer and does nothing else (no CUDA, no files, no environment).
+ * JAX, TensorFlow and older PyTorch their driver functions, with dlsym on
+ * libcuda's handle; Python's ctypes takes cudaMalloc with dlsym on the
+ * runtime's own handle, which finds the runtime's function, not the shim's
+ * export. The shim's dlsym (the trampoline, prim.h) asks this filter first:
+ * a lookup of a hooked function that the real dlsym finds in libcuda or in
+ * a loaded runtime gets the shim's hook; everything else goes to the real
+ * dlsym with the caller's own frame. The filter is registered when the
+ * library is loaded: that stores one pointer and does nothing else (no
+ * CUDA, no files, no environment).
  */
 #include <dlfcn.h>
+#include <string.h>
 
 #include "driver.h"
 #include "gate.h"
@@ -16,13 +20,32 @@
 #include "prim.h"
 #include "settings.h"
 
+/* Does `real` lie in a CUDA runtime (libcudart.so.13, a vendored
+ * libcudart-1a2b3c4d.so.12)? */
+static bool in_runtime(void *real)
+{
+    Dl_info info;
+    if (!dladdr(real, &info) || !info.dli_fname)
+        return false;
+    const char *base = strrchr(info.dli_fname, '/');
+    base = base ? base + 1 : info.dli_fname;
+    return strncmp(base, "libcudart", 9) == 0;
+}
+
 static GG_NO_SANITIZE void *filter(void *handle, const char *name)
 {
     if (!name || name[0] != 'c' || name[1] != 'u' || handle == RTLD_NEXT)
         return NULL;
     /* Off, a forked child, a failed start: the lookups are the program's. */
-    if (gg_passing_through() || !gg_hooks_driver_enabled() || !gg_hook_driver_wanted(name) ||
-        gg_settings_env_off())
+    if (gg_passing_through() || gg_settings_env_off())
+        return NULL;
+    if (name[2] == 'd' && name[3] == 'a') { /* cuda*: the runtime API */
+        if (handle == RTLD_DEFAULT || !gg_hook_runtime_wanted(name))
+            return NULL; /* the default scope finds the shim's own export */
+        void *real = gg_real_dlsym(handle, name);
+        return real && in_runtime(real) ? gg_hook_runtime_lookup(name, real) : NULL;
+    }
+    if (!gg_hooks_driver_enabled() || !gg_hook_driver_wanted(name))
         return NULL;
     void *real = gg_real_dlsym(handle, name);
     if (!real)
@@ -34,7 +57,7 @@ static GG_NO_SANITIZE void *filter(void *handle, const char *name)
         if (gg_driver_open(false, why, sizeof why) != 0 || !gg_driver_contains(real))
             return NULL;
     }
-    return gg_hook_driver_lookup(name, real, GG_ORIGIN_DRIVER, 0, -1);
+    return gg_hook_driver_lookup(name, real, 0, -1);
 }
 
 __attribute__((constructor)) static void register_filter(void)

@@ -136,6 +136,7 @@ void *gg_runtime_resolve(enum gg_rt rt, const char *name)
 /* ---- helpers the shim calls ------------------------------------------------------ */
 
 static void *_Atomic get_device[GG_RT_COUNT], *_Atomic malloc_[GG_RT_COUNT];
+static _Atomic int version_[GG_RT_COUNT];
 
 static void *cached(void *_Atomic *slot, enum gg_rt rt, const char *name)
 {
@@ -153,6 +154,19 @@ int gg_runtime_device(enum gg_rt rt)
     cudaError_t (*get)(int *) = (cudaError_t(*)(int *))cached(&get_device[rt], rt, "cudaGetDevice");
     int dev;
     return get && get(&dev) == cudaSuccess ? dev : -1;
+}
+
+int gg_runtime_version(enum gg_rt rt)
+{
+    int v = atomic_load_explicit(&version_[rt], memory_order_relaxed);
+    if (v > 0)
+        return v;
+    cudaError_t (*get)(int *) =
+        (cudaError_t(*)(int *))gg_runtime_resolve(rt, "cudaRuntimeGetVersion");
+    if (!get || get(&v) != cudaSuccess || v <= 0)
+        return 0;
+    atomic_store_explicit(&version_[rt], v, memory_order_relaxed);
+    return v;
 }
 
 bool gg_runtime_touch(void)

@@ -53,6 +53,10 @@ void *gg_runtime_resolve(enum gg_rt rt, const char *name);
  * device (cudaGetDevice); -1 when it cannot say. */
 int gg_runtime_device(enum gg_rt rt);
 
+/* Runtime rt's CUDA version (cudaRuntimeGetVersion: 13000); 0 when it
+ * cannot say. What its driver lookups without a version ask for. */
+int gg_runtime_version(enum gg_rt rt);
+
 /* Make some runtime load its driver (cudaGetDeviceCount), so the shim uses
  * the very libcuda.so.1 the runtime uses. False when no runtime is loaded. */
 bool gg_runtime_touch(void);

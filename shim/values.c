@@ -400,8 +400,8 @@ int gg_value_globs(const char *text, const char **why)
         char glob[GG_MATCH_MAX];
         gg_copy_trimmed(glob, sizeof glob, s, len);
         if (!*glob) {
-            *why = "empty glob (expected comma-separated globs on the CUDA device name, such as "
-                   "NVIDIA GeForce RTX 3090*)";
+            *why = "empty glob (expected comma-separated globs, such as NVIDIA GeForce RTX 3090* "
+                   "for a device's name or libnccl* for a module's file name)";
             return -1;
         }
         if (!comma)

@@ -7,16 +7,24 @@
  * cuMemCreate + cuMemAddressReserve + cuMemMap (+ cuMemSetAccess), plus 1 MiB
  * of cuMemAlloc.
  * Only interception of the driver lookup can see them.
+ *
+ * nl_rt_alloc / nl_rt_free are the same library's static runtime: a
+ * cudaMalloc / cudaFree of its own, hidden inside it (as libcudart_static.a
+ * is inside libnccl.so), which a preloaded cudaMalloc never interposes, and
+ * which reaches the driver through the same looked-up functions.
  */
 #include <cuda.h>
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <string.h>
 #include <unistd.h>
 
 int nl_init(int dev, size_t bytes);
 int nl_destroy(void);
+int nl_rt_alloc(int dev, size_t bytes);
+int nl_rt_free(void);
 
 #define NL_VERSION 13000
 #define NL_MAXBUF  64
@@ -196,4 +204,56 @@ int nl_destroy(void)
     }
     pthread_mutex_unlock(&g_mu);
     return (int)first;
+}
+
+/* ---- the static runtime inside the library ------------------------------------ */
+
+typedef int nl_cuda_error; /* cudaError_t: the driver's code, OOM as cudaErrorMemoryAllocation */
+
+__attribute__((visibility("hidden"))) nl_cuda_error cudaMalloc(void **p, size_t n);
+__attribute__((visibility("hidden"))) nl_cuda_error cudaFree(void *p);
+
+nl_cuda_error cudaMalloc(void **p, size_t n)
+{
+    CUdeviceptr d = 0;
+    CUresult r = N.MemAlloc(&d, n);
+    *p = (void *)(uintptr_t)d;
+    return r == CUDA_ERROR_OUT_OF_MEMORY ? 2 : (nl_cuda_error)r;
+}
+
+nl_cuda_error cudaFree(void *p)
+{
+    return (nl_cuda_error)N.MemFree((CUdeviceptr)(uintptr_t)p);
+}
+
+static void *g_rt[NL_MAXBUF];
+static int g_nrt;
+
+int nl_rt_alloc(int dev, size_t bytes)
+{
+    pthread_mutex_lock(&g_mu);
+    CUdevice d;
+    CUcontext ctx;
+    void *p = NULL;
+    CUresult r = load();
+    if (!r && g_nrt >= NL_MAXBUF)
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (!r && !(r = N.DeviceGet(&d, dev)) && !(r = N.DevicePrimaryCtxRetain(&ctx, d)))
+        r = N.CtxSetCurrent(ctx);
+    int e = r ? (int)r : cudaMalloc(&p, bytes);
+    if (!e)
+        g_rt[g_nrt++] = p;
+    pthread_mutex_unlock(&g_mu);
+    return e;
+}
+
+int nl_rt_free(void)
+{
+    pthread_mutex_lock(&g_mu);
+    int first = 0, e;
+    while (g_nrt > 0)
+        if ((e = cudaFree(g_rt[--g_nrt])) && !first)
+            first = e;
+    pthread_mutex_unlock(&g_mu);
+    return first;
 }

@@ -62,7 +62,7 @@ static int g_npools;
 static struct slot *g_slots;
 static size_t g_nslots, g_cap;
 
-static void *dlsym_nccl_init, *dlsym_nccl_destroy;
+static void *dlsym_nccl_init, *dlsym_nccl_destroy, *dlsym_nccl_rt_alloc, *dlsym_nccl_rt_free;
 
 static void die(const char *msg, const char *arg)
 {
@@ -690,6 +690,8 @@ static void *load_nccl(void)
     }
     dlsym_nccl_init = dlsym(h, "nl_init");
     dlsym_nccl_destroy = dlsym(h, "nl_destroy");
+    dlsym_nccl_rt_alloc = dlsym(h, "nl_rt_alloc");
+    dlsym_nccl_rt_free = dlsym(h, "nl_rt_free");
     return h;
 }
 
@@ -934,30 +936,31 @@ __attribute__((always_inline)) static inline void run(char *cmd)
     } else if (strcmp(cmd, "exit") == 0 && arg) {
         fflush(stdout);
         exit((int)need_int(arg));
-    } else if (strcmp(cmd, "nccl") == 0 && arg) {
+    } else if ((strcmp(cmd, "nccl") == 0 || strcmp(cmd, "ncclrt") == 0) && arg) {
+        /* nccl: its driver buffers; ncclrt: a cudaMalloc of its static runtime */
         char *sz = strchr(arg, ':');
         if (!sz)
             die("bad nccl command", arg);
         *sz++ = 0;
         int dev = (int)need_int(arg);
         size_t size = need_size(sz);
-        if (!load_nccl() || !dlsym_nccl_init) {
+        void *fn = load_nccl() ? (cmd[4] ? dlsym_nccl_rt_alloc : dlsym_nccl_init) : NULL;
+        if (!fn) {
             printf("nccl: cannot load libnccllike.so\n");
             return;
         }
-        int (*init)(int, size_t) = (int (*)(int, size_t))dlsym_nccl_init;
-        int r = init(dev, size);
+        int r = ((int (*)(int, size_t))fn)(dev, size);
         if (r)
-            printf("nccl %s %s: error %d\n", arg, sz, r);
+            printf("%s %s %s: error %d\n", cmd, arg, sz, r);
     } else if (strcmp(cmd, "ncclfree") == 0) {
-        if (!load_nccl() || !dlsym_nccl_destroy) {
+        if (!load_nccl() || !dlsym_nccl_destroy || !dlsym_nccl_rt_free) {
             printf("nccl: cannot load libnccllike.so\n");
             return;
         }
-        int (*destroy)(void) = (int (*)(void))dlsym_nccl_destroy;
-        int r = destroy();
-        if (r)
-            printf("ncclfree: error %d\n", r);
+        int r = ((int (*)(void))dlsym_nccl_destroy)();
+        int r2 = ((int (*)(void))dlsym_nccl_rt_free)();
+        if (r || r2)
+            printf("ncclfree: error %d\n", r ? r : r2);
     } else {
         die("unknown command", cmd);
     }

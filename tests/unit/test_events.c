@@ -1,5 +1,6 @@
 /* test_events.c - every event's schema (events.c) and what a verdict
  * becomes (react.c), read back from a journal in a temporary directory. */
+#include <gnu/libc-version.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +14,15 @@
 #include "react.h"
 #include "unit.h"
 
+#define MiB (1ULL << 20)
 #define GiB (1ULL << 30)
+
+/* An address inside libc itself: a function of libc's own that no
+ * sanitizer intercepts. */
+static uintptr_t libc_ip(void)
+{
+    return (uintptr_t)&gnu_get_libc_version + 4;
+}
 
 static char dir[] = "/tmp/gg_events_XXXXXX";
 static char text[65536];
@@ -73,7 +82,8 @@ static void test_start_mode_note_error(void)
 static void test_incident_and_advice(void)
 {
     struct gg_call c = {.dev = 0, .api = 0, .refusable = GG_REFUSABLE, .api_name = "cudaMalloc",
-                        .bytes = 2 * GiB, .site = GG_SITE_NONE};
+                        .bytes = 2 * GiB, .site = GG_SITE_NONE,
+                        .caller = libc_ip()}; /* asked from libc */
     struct gg_verdict v = {.incident = GG_INCIDENT_REFUSED, .journal = true, .used = 21 * GiB};
     gg_advice_set_batch(32, 1);
     signal(SIGUSR2, SIG_DFL);
@@ -81,13 +91,26 @@ static void test_incident_and_advice(void)
     const char *l = line_of("refused");
     CHECK(l && strstr(l, "\"dev\":0,\"api\":\"cudaMalloc\",\"bytes\":2147483648,"
                          "\"used\":22548578304,\"limit\":23622320128,\"total\":25769803776,"
-                         "\"count\":0,\"stack\":[],\"pystack\":[]}"));
+                         "\"count\":0,\"caller\":\"libc.so.6\",\"reserved\":0,\"allocated\":0,"
+                         "\"stack\":[],\"pystack\":[]}"));
     l = line_of("advice");
     CHECK(l && strstr(l, "\"dev\":0,\"batch_size\":16,\"grad_accum\":2,\"reason\":\"refused\","
                          "\"signaled\":false}"));
     struct gg_verdict nm = {.incident = GG_INCIDENT_NEAR_MISS, .journal = false, .count = 9};
     gg_react(&c, &nm);
     CHECK(line_of("near_miss") == NULL); /* sampled out: advice only */
+    /* a pool's request served from what its pool held, let through past the
+     * limit because of who asked; no module for the address: caller null */
+    struct gg_call pc = c;
+    pc.pool = 1;
+    pc.grows = 0;
+    pc.caller = 0;
+    struct gg_verdict sp = {.incident = GG_INCIDENT_NEAR_MISS, .journal = true, .over_limit = true,
+                            .spared = true, .count = 1};
+    gg_react(&pc, &sp);
+    l = line_of("near_miss");
+    CHECK(l && strstr(l, "\"count\":1,\"over_limit\":true,\"spared\":\"never_refuse\","
+                         "\"caller\":null,\"grows\":0,\"reserved\":0,\"allocated\":0,"));
 }
 
 static void test_batch_and_summary(void)
@@ -97,8 +120,16 @@ static void test_batch_and_summary(void)
     CHECK(strstr(journal(), "\"ev\":\"batch\",\"dev\":0,\"batch_size\":8,\"grad_accum\":4,"
                             "\"peak\":5368709120,\"peak_used\":6442450944,\"live\":1073741824,"
                             "\"final\":true}"));
+    /* 3 GiB on the device, 2 GiB of it a pool's, which handed out 512 MiB */
+    atomic_store(&gg_devices[0].current, 3 * GiB);
+    atomic_store(&gg_devices[0].pool_reserved, 2 * GiB);
+    atomic_store(&gg_devices[0].pool_used, 512 * MiB);
+    atomic_store(&gg_devices[0].peak_pool_reserved, 2 * GiB);
     gg_events_summary(1.5, true);
     const char *l = line_of("summary");
+    CHECK(l && strstr(l, "\"live_bytes\":3221225472,\"live_allocs\":0,\"reserved\":3221225472,"
+                         "\"allocated\":1610612736,\"pool_reserved\":2147483648,"
+                         "\"pool_allocated\":536870912,\"peak_pool_reserved\":2147483648,"));
     CHECK(l && strstr(l, "\"duration\":1.500000"));
     CHECK(l && strstr(l, "\"peak_stack\":[],\"peak_pystack\":[],\"peak_sites\":[]"));
     /* every line is whole */

@@ -1,21 +1,31 @@
 /* test_guard.c - the decisions (guard.c) on devices set up by hand: no
  * driver is loaded, so readings fail and the estimate is what counts. */
+#include <gnu/libc-version.h>
 #include <string.h>
 
 #include "device.h"
 #include "guard.h"
 #include "ledger.h"
 #include "maps.h"
+#include "pools.h"
 #include "unit.h"
 
 #define GiB (1ULL << 30)
 #define MiB (1ULL << 20)
+
+/* An address inside libc itself: a function of libc's own that no
+ * sanitizer intercepts. */
+static uintptr_t libc_ip(void)
+{
+    return (uintptr_t)&gnu_get_libc_version + 4;
+}
 
 static struct gg_device *setup(uint8_t mode, uint8_t enforce)
 {
     gg_devices_reset();
     gg_ledger_reset();
     gg_maps_reset();
+    gg_pools_reset();
     struct gg_device *d = &gg_devices[0];
     d->present = true;
     d->mode = mode;
@@ -69,17 +79,40 @@ static void test_line(void)
     CHECK(v.incident == GG_INCIDENT_REFUSED);
 }
 
+/* A call whose return address lies in libc, and one from this test. */
+static struct gg_call from(uintptr_t ra, uint64_t bytes, uint8_t refusable)
+{
+    struct gg_call c = call(bytes, refusable);
+    c.caller = ra;
+    return c;
+}
+
 static void test_who_may_be_refused(void)
 {
-    setup(GG_MODE_ENFORCE, GG_ENFORCE_RUNTIME);
+    struct gg_device *d = setup(GG_MODE_ENFORCE, GG_ENFORCE_RUNTIME);
+    d->never_refuse = "libnccl*,libc.so*";
     struct gg_verdict v;
     struct gg_call managed = call(30 * GiB, GG_REFUSABLE_NEVER);
-    struct gg_call nccl = call(30 * GiB, GG_REFUSABLE_UNDER_ALL);
+    struct gg_call libc = from(libc_ip(), 30 * GiB, GG_REFUSABLE);
+    struct gg_call mine = from((uintptr_t)&test_line + 4, 30 * GiB, GG_REFUSABLE);
+    struct gg_call nowhere = from(0, 30 * GiB, GG_REFUSABLE);
     CHECK(gg_guard_admit(&managed, &v));
-    CHECK(gg_guard_admit(&nccl, &v));
-    setup(GG_MODE_ENFORCE, GG_ENFORCE_ALL);
+    CHECK(!v.spared);
+    CHECK(gg_guard_admit(&libc, &v)); /* the module that asked is never refused */
+    CHECK(v.spared);
+    gg_guard_allocated(&libc, 0x100, &v); /* counted: a near miss past the limit */
+    CHECK(v.incident == GG_INCIDENT_NEAR_MISS && v.over_limit && v.spared);
+    CHECK_EQ_U64(atomic_load(&d->current), 30 * GiB);
+    CHECK(!gg_guard_admit(&mine, &v)); /* this program may be refused */
+    CHECK(v.incident == GG_INCIDENT_REFUSED && !v.spared);
+    CHECK(!gg_guard_admit(&nowhere, &v)); /* no module: refusable */
+    d->never_refuse = "test_guard";
+    CHECK(gg_guard_admit(&mine, &v) && v.spared);
+    d = setup(GG_MODE_ENFORCE, GG_ENFORCE_ALL);
+    d->never_refuse = "libnccl*,libc.so*";
     CHECK(gg_guard_admit(&managed, &v)); /* never, even under enforce = all */
-    CHECK(!gg_guard_admit(&nccl, &v));
+    CHECK(!gg_guard_admit(&libc, &v));   /* all: every module */
+    CHECK(!gg_guard_admit(&mine, &v));
 }
 
 static void test_observe_and_auto(void)
@@ -178,6 +211,85 @@ static void test_peak_sites(void)
     CHECK_EQ_U64(top[0].bytes, GiB);
 }
 
+/* A pool's request (no driver here: the shim's own figures are all there
+ * is). */
+static bool pool_alloc(uint64_t pool, uintptr_t p, uint64_t bytes, struct gg_verdict *v)
+{
+    struct gg_call c = call(bytes, GG_REFUSABLE);
+    CHECK(gg_guard_pool(&c, pool, 0, true));
+    if (!gg_guard_admit(&c, v))
+        return false;
+    gg_guard_allocated(&c, p, v);
+    return true;
+}
+
+static void test_pools_as_the_device_sees_them(void)
+{
+    struct gg_device *d = setup(GG_MODE_ENFORCE, GG_ENFORCE_RUNTIME);
+    struct gg_verdict v;
+    struct gg_entry e;
+    uint32_t ticket;
+    uint64_t pool = 0x5000;
+    CHECK(alloc(0x10, 11 * GiB, &v));
+    CHECK(pool_alloc(pool, 0x20, 10 * GiB, &v)); /* the pool grows: 21 GiB on the device */
+    CHECK_EQ_U64(atomic_load(&d->current), 21 * GiB);
+    CHECK(gg_guard_release(0x20, &e, &ticket, &v)); /* back to the pool: still on the device */
+    CHECK_EQ_U64(atomic_load(&d->current), 21 * GiB);
+    CHECK_EQ_U64(atomic_load(&d->pool_reserved), 10 * GiB);
+    CHECK_EQ_U64(atomic_load(&d->pool_used), 0);
+    CHECK(!alloc(0x30, 2 * GiB, &v)); /* 23 GiB: refused */
+    atomic_store(&d->used_offset, (int64_t)(2 * GiB)); /* others push the device past the line */
+    CHECK(pool_alloc(pool, 0x40, 10 * GiB, &v)); /* served from what the pool holds */
+    CHECK(v.incident == GG_INCIDENT_NONE);       /* and no near miss: nothing grew */
+    CHECK(gg_guard_release(0x40, &e, &ticket, &v));
+    CHECK(pool_alloc(pool, 0x50, 4 * GiB, &v));
+    CHECK(!pool_alloc(pool, 0x60, 7 * GiB, &v)); /* needs 1 GiB more than it holds: refused */
+    CHECK(v.incident == GG_INCIDENT_REFUSED);
+    /* a trim without the driver's word: down to what is handed out */
+    gg_guard_pool_trimmed(pool, 0, &v);
+    CHECK_EQ_U64(atomic_load(&d->current), 15 * GiB);
+    CHECK_EQ_U64(atomic_load(&d->pool_reserved), 4 * GiB);
+    /* destroyed with 4 GiB out: it leaves the device with its allocation */
+    CHECK(pool_alloc(pool, 0x70, GiB, &v));
+    CHECK(gg_guard_release(0x70, &e, &ticket, &v));
+    gg_guard_pool_destroyed(pool, &v);
+    CHECK_EQ_U64(atomic_load(&d->current), 15 * GiB);
+    CHECK(gg_guard_release(0x50, &e, &ticket, &v));
+    CHECK_EQ_U64(atomic_load(&d->current), 11 * GiB);
+    CHECK_EQ_U64(atomic_load(&d->pool_reserved), 0);
+    CHECK_EQ_U64(atomic_load(&d->peak_pool_reserved), 10 * GiB);
+    /* a host pool is passed by: never counted, and its free is no surprise */
+    gg_guard_pool_created(0x6000, 0, true);
+    struct gg_call h = call(100 * GiB, GG_REFUSABLE);
+    CHECK(!gg_guard_pool(&h, 0x6000, 0, true));
+    uint64_t allocs = gg_ledger_allocs(0);
+    gg_guard_host_allocated(0x80);
+    CHECK(gg_guard_release(0x80, &e, &ticket, &v));
+    CHECK_EQ_U64(gg_ledger_allocs(0), allocs);
+    CHECK_EQ_U64(atomic_load(&d->current), 11 * GiB);
+}
+
+/* A pool made on device 1 holds device 1's memory, whoever allocates. */
+static void test_pool_device(void)
+{
+    setup(GG_MODE_ENFORCE, GG_ENFORCE_RUNTIME);
+    gg_devices[1] = gg_devices[0];
+    gg_device_count = 2;
+    gg_guard_pool_created(0x9000, 1, false);
+    struct gg_call c = call(3 * GiB, GG_REFUSABLE);
+    CHECK(gg_guard_pool(&c, 0x9000, 0, true));
+    CHECK_EQ_U64(c.dev, 1);
+    struct gg_verdict v;
+    CHECK(gg_guard_admit(&c, &v));
+    gg_guard_allocated(&c, 0x10, &v);
+    CHECK_EQ_U64(atomic_load(&gg_devices[1].current), 3 * GiB);
+    CHECK_EQ_U64(atomic_load(&gg_devices[0].current), 0);
+    /* an allocation's device is the pool's, whatever the current pool cache says */
+    gg_guard_current_pool(0, 0x9000);
+    struct gg_call a = call(GiB, GG_REFUSABLE);
+    CHECK(gg_guard_pool(&a, 0, 0, true) && a.dev == 1);
+}
+
 int main(void)
 {
     RUN(test_line);
@@ -187,5 +299,7 @@ int main(void)
     RUN(test_release_and_windows);
     RUN(test_vmm);
     RUN(test_peak_sites);
+    RUN(test_pools_as_the_device_sees_them);
+    RUN(test_pool_device);
     return unit_done();
 }

@@ -38,6 +38,16 @@ static void test_devices_are_separate(void)
     CHECK_EQ_U64(out.dev, 3);
     CHECK_EQ_U64(gg_ledger_allocs(3) - gg_ledger_frees(3), 0);
     CHECK_EQ_U64(gg_ledger_allocs(0) - gg_ledger_frees(0), 1);
+    /* memory of no device (a host pool's) is known, and in no device's counts */
+    struct gg_entry h = mk(0x30, 0, GG_LEDGER_NO_DEVICE);
+    gg_ledger_add(&h, &old);
+    CHECK(gg_ledger_find(0x30, &out) && out.dev == GG_LEDGER_NO_DEVICE);
+    CHECK(gg_ledger_remove(0x30, &out, NULL));
+    CHECK_EQ_U64(gg_ledger_allocs(GG_LEDGER_NO_DEVICE), 1);
+    CHECK_EQ_U64(gg_ledger_frees(GG_LEDGER_NO_DEVICE), 1);
+    for (int d = 0; d < GG_MAX_DEVICES; d++)
+        CHECK_EQ_U64(gg_ledger_allocs(d), d == 0 || d == 3 ? 1 : 0);
+    CHECK_EQ_U64(gg_ledger_allocs(GG_LEDGER_NO_DEVICE + 1), 0);
 }
 
 /* A key seen twice without a free in between replaces the old entry, and
