@@ -16,6 +16,8 @@ import sys
 
 from gg import (FAKE, PROGS, ROOT, SCRIPT, GiB, MiB, Case, base_env, sanitizer_preload)
 
+REPORT = os.path.join(ROOT, "tools", "gpuguard-report")
+
 HOST = os.path.join(PROGS, "host")
 DRVPROG = os.path.join(PROGS, "drvprog")
 SRTLIKE = os.path.join(PROGS, "srtlike")
@@ -109,6 +111,12 @@ class Pools(Callers):
         self.assertEqual((s["peak"], s["peak_used"]), (21 * GiB, 21 * GiB))
         self.assertEqual((s["reserved"], s["allocated"], s["pool_reserved"]), (11 * GiB,) * 2 + (0,))
         self.assertEqual(s["peak_pool_reserved"], 10 * GiB)
+        # the report shows what pools held beside what they handed out
+        out = subprocess.run([sys.executable, REPORT, run.files[0]], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("   pools        0 B reserved, 0 B allocated at exit; at most 10.0 GiB "
+                      "reserved", out.stdout)
 
     def test_a_pool_request_that_grows_the_device_past_the_line_is_refused(self):
         run = self.sc("pool:create:0:device", "api:poolalloc:15G", "free:0", "alloc:5G",
