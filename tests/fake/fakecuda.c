@@ -652,7 +652,10 @@ static void at_exit(void)
     write_calls();
     for (int i = 0; i < NSHARD; i++) {
         struct shard *s = &g_sh[i];
-        pthread_mutex_lock(&s->mu);
+        /* exit() from a signal handler may interrupt a thread of this very
+         * process inside a shard: what it holds then stays charged. */
+        if (pthread_mutex_trylock(&s->mu) != 0)
+            continue;
         if (s->b) {
             for (size_t j = 0; j <= s->mask; j++) {
                 struct ent *e = s->b[j];
@@ -671,24 +674,26 @@ static void at_exit(void)
         }
         pthread_mutex_unlock(&s->mu);
     }
-    pthread_mutex_lock(&g_pool_mu);
-    for (int d = 0; d < g_ndev; d++) {
-        g_defpool[d].used = 0;
-        pool_release_to(&g_defpool[d], 0);
-    }
-    for (struct fpool *p = g_pools; p; p = p->next) {
-        p->used = 0;
-        pool_release_to(p, 0);
-    }
-    pthread_mutex_unlock(&g_pool_mu);
-    pthread_mutex_lock(&g_ctx_mu);
-    for (int d = 0; d < g_ndev; d++) {
-        if (g_ctx_charged[d]) {
-            uncharge(d, g_ctx_bytes);
-            g_ctx_charged[d] = 0;
+    if (pthread_mutex_trylock(&g_pool_mu) == 0) {
+        for (int d = 0; d < g_ndev; d++) {
+            g_defpool[d].used = 0;
+            pool_release_to(&g_defpool[d], 0);
         }
+        for (struct fpool *p = g_pools; p; p = p->next) {
+            p->used = 0;
+            pool_release_to(p, 0);
+        }
+        pthread_mutex_unlock(&g_pool_mu);
     }
-    pthread_mutex_unlock(&g_ctx_mu);
+    if (pthread_mutex_trylock(&g_ctx_mu) == 0) {
+        for (int d = 0; d < g_ndev; d++) {
+            if (g_ctx_charged[d]) {
+                uncharge(d, g_ctx_bytes);
+                g_ctx_charged[d] = 0;
+            }
+        }
+        pthread_mutex_unlock(&g_ctx_mu);
+    }
 }
 
 static void on_fork_child(void)
