@@ -25,8 +25,8 @@ static uint64_t written_ns[GG_MAX_DEVICES]; /* ... and its moment */
 static _Atomic uint64_t last_inline_ns;
 
 /* A point of the timeline, when it happened: lines carry that moment, and
- * are flushed before any other line (gg_react_flush), so the journal stays
- * in time order. */
+ * are flushed before the trainer's lines (steps, batches, notes: never on an
+ * allocation's path), so the phases they close hold their own samples. */
 struct point { uint64_t bytes, ns; bool set; };
 
 static void sample_line(int dev, const struct gg_device *d, const struct point *p)
@@ -164,9 +164,8 @@ GG_COLD void gg_react(const struct gg_call *c, const struct gg_verdict *v)
         [GG_INCIDENT_NEAR_MISS] = GG_LINE_NEAR_MISS, [GG_INCIDENT_REFUSED] = GG_LINE_REFUSED,
         [GG_INCIDENT_OOM] = GG_LINE_OOM};
     if (v->incident != GG_INCIDENT_NONE) {
-        timeline_all(); /* the timeline up to now, before the incident's line */
         if (v->journal)
-            gg_events_incident(c, v);
+            gg_events_incident(c, v); /* the timeline stays the tick's: not on this path */
         else
             gg_budget_suppress(line[v->incident]);
         advise(c->dev, reason[v->incident], NULL);

@@ -35,8 +35,8 @@ void gg_react_step(int dev, uint64_t step, const struct gg_step_verdict *v);
  * the thread runs, so allocations leave samples to it. */
 #define GG_TICK_NS 500000000ull
 void gg_react_tick(bool report_suppressed);
-/* The timeline up to now, written before a line of another kind (batch,
- * note), so the journal stays in time order. */
+/* The timeline up to now, written before the trainer's lines (a batch, a
+ * note), so a phase's samples come before the line that closes it. */
 void gg_react_flush(void);
 void gg_react_ticking(bool on);
 
