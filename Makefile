@@ -90,7 +90,7 @@ $(BUILD)/tests/unit/%: tests/unit/%.c tests/unit/unit.h $(CORE_LIB) | $(BUILD)/t
 # Test programs: ordinary CUDA applications, linked against the fake runtime.
 PROG_SRC  := $(sort $(wildcard tests/progs/*.c))
 PROG_BIN  := $(patsubst tests/progs/%.c,$(BUILD)/tests/progs/%,$(PROG_SRC))
-$(BUILD)/tests/progs/%: tests/progs/%.c $(FAKE_CUDART) | $(BUILD)/tests/progs
+$(BUILD)/tests/progs/%: tests/progs/%.c tests/progs/size.h $(FAKE_CUDART) | $(BUILD)/tests/progs
 	$(CC) $(CFLAGS) -fno-omit-frame-pointer -Iinclude $(CUDA_INC) $< -o $@ $(LDFLAGS) \
 	  -L$(BUILD)/fake -l:libcudart.so.13 -Wl,-rpath,'$$ORIGIN/../../fake' -ldl -lpthread
 

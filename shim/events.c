@@ -17,11 +17,13 @@
 #include "steps.h"
 #include "symbolize.h"
 
-static void open_line(struct gg_json *j, char *buf, size_t cap, const char *ev)
+/* {"t":<seconds since start>,"ev":...: t is now, but for a line about an
+ * earlier moment (a timeline point). */
+static void open_line(struct gg_json *j, char *buf, size_t cap, const char *ev, double t)
 {
     gg_json_init(j, buf, cap);
     gg_json_obj(j);
-    gg_json_kf64(j, "t", gg_clock_since_start());
+    gg_json_kf64(j, "t", t);
     gg_json_kstr(j, "ev", ev);
 }
 
@@ -32,7 +34,7 @@ static bool begin(struct gg_json *j, size_t cap, const char *ev, enum gg_line ki
 {
     if (kind != GG_LINE_ALWAYS && !gg_budget_take(kind))
         return false;
-    open_line(j, gg_side_push(cap), cap, ev);
+    open_line(j, gg_side_push(cap), cap, ev, gg_clock_since_start());
     return true;
 }
 
@@ -42,7 +44,7 @@ static GG_COLD void say_lost(uint64_t n)
 {
     char buf[256];
     struct gg_json j;
-    open_line(&j, buf, sizeof buf, "error");
+    open_line(&j, buf, sizeof buf, "error", gg_clock_since_start());
     char msg[160];
     snprintf(msg, sizeof msg, "%llu journal line%s lost: the journal could not be written "
              "(full disk?)", (unsigned long long)n, n == 1 ? "" : "s");
@@ -306,10 +308,7 @@ void gg_events_sample(int dev, uint64_t current, uint64_t used, double t)
     struct gg_json j;
     if (!gg_budget_take(GG_LINE_SAMPLE))
         return;
-    gg_json_init(&j, buf, sizeof buf);
-    gg_json_obj(&j);
-    gg_json_kf64(&j, "t", t);
-    gg_json_kstr(&j, "ev", "sample");
+    open_line(&j, buf, sizeof buf, "sample", t);
     gg_json_ki64(&j, "dev", dev);
     gg_json_ku64(&j, "current", current);
     gg_json_ku64(&j, "used", used);

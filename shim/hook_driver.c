@@ -149,7 +149,7 @@ static inline CUresult free_end(bool known, const struct gg_entry *e, uint32_t t
     if (known && r != CUDA_SUCCESS)
         gg_guard_unrelease(e, ticket);
     else if (known && gg_unlikely(gg_verdict_any(v)))
-        gg_react_free(e->dev, v);
+        gg_react_free(v);
     gg_leave();
     return r;
 }
@@ -442,7 +442,7 @@ static CUresult body_DRV_RELEASE(enum gg_hook h, int v, uintptr_t ra,
     struct gg_verdict vd;
     if (r == CUDA_SUCCESS && gg_guard_release_handle(gg_ledger_handle_key(hd), &vd) &&
         gg_unlikely(gg_verdict_any(&vd)))
-        gg_react_free(-1, &vd);
+        gg_react_free(&vd);
     gg_leave();
     return r;
 }
@@ -474,7 +474,7 @@ static CUresult body_DRV_UNMAP(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr 
         struct gg_verdict vd;
         gg_guard_unmapped((uintptr_t)p, n, &vd);
         if (gg_unlikely(gg_verdict_any(&vd)))
-            gg_react_free(-1, &vd);
+            gg_react_free(&vd);
         gg_leave();
     }
     return r;
@@ -493,7 +493,7 @@ static CUresult body_DRV_UNMAP(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr 
             if (r == CUDA_SUCCESS)                          \
                 TELL;                                       \
             if (gg_unlikely(gg_verdict_any(&vd)))           \
-                gg_react_free(-1, &vd);                     \
+                gg_react_free(&vd);                     \
             gg_leave();                                     \
         }                                                   \
         return r;                                           \

@@ -134,7 +134,7 @@ static inline cudaError_t free_end(enum gg_rt rt, void *p, bool known, bool repo
     else if (r != cudaSuccess)
         gg_guard_unrelease(e, ticket);
     else if (gg_unlikely(gg_verdict_any(v)))
-        gg_react_free(e->dev, v);
+        gg_react_free(v);
     gg_leave();
     return r;
 }

@@ -212,18 +212,10 @@ static bool write_whole(int f, const char *line, size_t len)
     return false;
 }
 
-bool gg_journal_write(const char *line, size_t len)
+/* One line to the file (not while holding); a failure is counted as a lost
+ * line when `counted`. */
+static bool put(const char *line, size_t len, bool counted)
 {
-    if (holding) {
-        /* Only the starting thread writes while holding (others wait). */
-        if (pending && len <= PENDING_BYTES - pending_used) {
-            memcpy(pending + pending_used, line, len);
-            pending_used += len;
-            return true;
-        }
-        atomic_fetch_add_explicit(&lost, 1, memory_order_relaxed);
-        return false;
-    }
     int f = atomic_load_explicit(&fd, memory_order_relaxed);
     if (f < 0)
         return false;
@@ -240,22 +232,30 @@ bool gg_journal_write(const char *line, size_t len)
          * after that write's whole line. */
         ok = write_whole(f, line, len);
     }
-    if (!ok && f >= 0)
+    if (!ok && f >= 0 && counted)
         atomic_fetch_add_explicit(&lost, 1, memory_order_relaxed);
     errno = saved;
     return ok;
 }
 
+bool gg_journal_write(const char *line, size_t len)
+{
+    if (holding) {
+        /* Only the starting thread writes while holding (others wait). */
+        if (pending && len <= PENDING_BYTES - pending_used) {
+            memcpy(pending + pending_used, line, len);
+            pending_used += len;
+            return true;
+        }
+        atomic_fetch_add_explicit(&lost, 1, memory_order_relaxed);
+        return false;
+    }
+    return put(line, len, true);
+}
+
 bool gg_journal_write_note(const char *line, size_t len)
 {
-    int f = atomic_load_explicit(&fd, memory_order_relaxed);
-    if (holding || f < 0 || !is_ours(f) || !take_turn())
-        return false;
-    int saved = errno;
-    bool ok = write_whole(f, line, len);
-    end_turn();
-    errno = saved;
-    return ok;
+    return !holding && put(line, len, false);
 }
 
 void gg_journal_final(void)

@@ -173,9 +173,8 @@ GG_COLD void gg_react(const struct gg_call *c, const struct gg_verdict *v)
     sample(v);
 }
 
-GG_COLD void gg_react_free(int dev, const struct gg_verdict *v)
+GG_COLD void gg_react_free(const struct gg_verdict *v)
 {
-    (void)dev;
     sample(v);
 }
 

@@ -16,8 +16,8 @@
 /* After a decision on call c (never on the fast path: gg_verdict_any). */
 void gg_react(const struct gg_call *c, const struct gg_verdict *v);
 
-/* After a free on device dev. */
-void gg_react_free(int dev, const struct gg_verdict *v);
+/* After a free. */
+void gg_react_free(const struct gg_verdict *v);
 
 /* Python frames could not be read (an unsupported interpreter, a layout
  * that did not check out): said once, as an `error` event. */

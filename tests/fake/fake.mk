@@ -70,11 +70,11 @@ $(BUILD)/tests/progs/script: | $(FAKE_CUDA) $(FAKE_NCCL)
 # Test programs that bring no fake runtime (their own rules, not the one for
 # tests/progs/*.c): drvprog links the driver itself (-lcuda), srtlike carries
 # its own runtime and finds the driver as NVIDIA's static runtime does.
-$(BUILD)/tests/progs/drvprog: tests/progs/drvprog.c $(FAKE_CUDA) | $(BUILD)/tests/progs
+$(BUILD)/tests/progs/drvprog: tests/progs/drvprog.c tests/progs/size.h $(FAKE_CUDA) | $(BUILD)/tests/progs
 	$(CC) $(CFLAGS) -fno-omit-frame-pointer $(CUDA_INC) $< -o $@ $(LDFLAGS) \
 	  -L$(FAKE_DIR) -lcuda -Wl,-rpath,'$$ORIGIN/../../fake'
 
-$(BUILD)/tests/progs/srtlike: tests/progs/srtlike.c tests/progs/rtcmds.h | $(BUILD)/tests/progs \
+$(BUILD)/tests/progs/srtlike: tests/progs/srtlike.c tests/progs/rtcmds.h tests/progs/size.h | $(BUILD)/tests/progs \
                               $(FAKE_CUDA)
 	$(CC) $(CFLAGS) -fno-omit-frame-pointer $(CUDA_INC) $< -o $@ $(LDFLAGS) -ldl -lpthread
 
@@ -83,7 +83,7 @@ $(BUILD)/tests/progs/srtlike: tests/progs/srtlike.c tests/progs/rtcmds.h | $(BUI
 # tests that need it say so.
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 NVCC_PROG := $(BUILD)/tests/progs/nvccprog
-$(NVCC_PROG): tests/progs/nvccprog.cu tests/progs/rtcmds.h | $(BUILD)/tests/progs
+$(NVCC_PROG): tests/progs/nvccprog.cu tests/progs/rtcmds.h tests/progs/size.h | $(BUILD)/tests/progs
 	$(NVCC) -o $@ $<
 ifneq ($(wildcard $(NVCC)),)
 $(BUILD)/tests/progs/srtlike: | $(NVCC_PROG)

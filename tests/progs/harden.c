@@ -41,6 +41,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "size.h"
+
 #define GiB (1ull << 30)
 #define MiB (1ull << 20)
 
@@ -57,19 +59,10 @@ static void die(const char *what, const char *arg)
 
 static unsigned long long num(const char *s)
 {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    unsigned long long mult = 1;
-    if (*end == 'K')
-        mult = 1ull << 10, end++;
-    else if (*end == 'M')
-        mult = MiB, end++;
-    else if (*end == 'G')
-        mult = GiB, end++;
-    if (errno || end == s || *end)
+    size_t v;
+    if (prog_parse_size(s, &v) != 0)
         die("bad number", s);
-    return v * mult;
+    return v;
 }
 
 static uint64_t now_ms(void)

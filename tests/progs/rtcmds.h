@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "size.h"
+
 enum rt_kind { RT_ALLOC, RT_ASYNC, RT_HOST };
 
 struct rt_slot {
@@ -42,34 +44,12 @@ static void rt_die(const char *msg, const char *arg)
     exit(2);
 }
 
-/* "1G", "1.5G", "512M", "4096", "2KiB": binary multiples. */
 static size_t rt_size(const char *str)
 {
-    char *end;
-    if (*str < '0' || *str > '9')
+    size_t v;
+    if (prog_parse_size(str, &v) != 0)
         rt_die("bad size", str);
-    unsigned long long ip = strtoull(str, &end, 10);
-    long double frac = 0;
-    if (*end == '.') {
-        long double scale = 0.1L;
-        for (end++; *end >= '0' && *end <= '9'; end++, scale /= 10)
-            frac += (*end - '0') * scale;
-    }
-    unsigned long long mult = 1;
-    switch (*end) {
-    case 'k': case 'K': mult = 1ULL << 10; end++; break;
-    case 'm': case 'M': mult = 1ULL << 20; end++; break;
-    case 'g': case 'G': mult = 1ULL << 30; end++; break;
-    case 't': case 'T': mult = 1ULL << 40; end++; break;
-    default: break;
-    }
-    if (mult > 1 && (*end == 'i' || *end == 'I'))
-        end++;
-    if (*end == 'b' || *end == 'B')
-        end++;
-    if (*end)
-        rt_die("bad size", str);
-    return (size_t)(ip * mult + (unsigned long long)(frac * mult + 0.5L));
+    return v;
 }
 
 static void rt_fail(const char *cmd, const char *arg, cudaError_t e)

@@ -24,6 +24,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "size.h"
+
 /* The per-thread-default-stream variants, called by name. */
 cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
 cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
@@ -70,41 +72,11 @@ static void die(const char *msg, const char *arg)
     exit(2);
 }
 
-/* "1G", "1.5G", "512M", "4096", "2KiB": binary multiples. */
-static int parse_size(const char *str, size_t *out)
-{
-    char *end;
-    if (*str < '0' || *str > '9')
-        return -1;
-    unsigned long long ip = strtoull(str, &end, 10);
-    long double frac = 0;
-    if (*end == '.') {
-        long double scale = 0.1L;
-        for (end++; *end >= '0' && *end <= '9'; end++, scale /= 10)
-            frac += (*end - '0') * scale;
-    }
-    unsigned long long mult = 1;
-    switch (*end) {
-    case 'k': case 'K': mult = 1ULL << 10; end++; break;
-    case 'm': case 'M': mult = 1ULL << 20; end++; break;
-    case 'g': case 'G': mult = 1ULL << 30; end++; break;
-    case 't': case 'T': mult = 1ULL << 40; end++; break;
-    default: break;
-    }
-    if (mult > 1 && (*end == 'i' || *end == 'I'))
-        end++;
-    if (*end == 'b' || *end == 'B')
-        end++;
-    if (*end)
-        return -1;
-    *out = (size_t)(ip * mult + (unsigned long long)(frac * mult + 0.5L));
-    return 0;
-}
 
 static size_t need_size(const char *s)
 {
     size_t v;
-    if (parse_size(s, &v) != 0)
+    if (prog_parse_size(s, &v) != 0)
         die("bad size", s);
     return v;
 }
