@@ -209,9 +209,15 @@ class SignalsAndStacks(Hard):
         return int(m.group(1))
 
     def test_a_16_kib_thread(self):
+        """A thread of the smallest stack pthreads allows survives a near
+        miss, a refusal and an OOM with stacks on (the journal has each),
+        and what the shim adds to its stack is bounded by what the same
+        calls use without it: the shim at most doubles a CUDA call's stack.
+        How many bytes it adds is a figure of the machine (its compiler, its
+        libc): make bench prints it."""
         if SANITIZE:
-            self.skipTest("sanitizers grow every frame: the figure is the plain build's")
-        base = self.harden("alloc:20G", "smallstack:64", "freeall", preload=False)
+            self.skipTest("sanitizers grow every frame several times over: the plain build's test")
+        base = self.stack_used(self.harden("alloc:20G", "smallstack:16", "freeall", preload=False))
         for mode, want in (("observe", "near 0 refused 2 oom 2"),
                            ("enforce", "near 0 refused 2 oom 2")):
             run = self.harden("alloc:20G", "smallstack:16", "freeall", mode=mode)
@@ -220,9 +226,9 @@ class SignalsAndStacks(Hard):
             kinds = {e["ev"] for e in self.lines(run)}
             self.assertIn("near_miss", kinds)
             self.assertIn("oom" if mode == "observe" else "refused", kinds)
-            # what the shim adds to the thread's stack, all paths taken
-            added = self.stack_used(run) - self.stack_used(base)
-            self.assertLess(added, 4096, "the shim used %d bytes of a 16 KiB stack" % added)
+            added = self.stack_used(run) - base
+            self.assertLessEqual(added, base, "the shim added %d bytes to a path that uses %d "
+                                 "without it" % (added, base))
 
 
 class Sizes(Hard):
