@@ -45,10 +45,27 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Exported names cuda.h does not declare in this mode. */
+#include "fakecuda.h"
+
+/* Exported names cuda.h does not declare in this mode (the current ABIs
+ * behind legacy names, and the legacy cuGetProcAddress). */
 #undef cuGetProcAddress
 CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
                                   cuuint64_t flags);
+CUresult CUDAAPI cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags);
+CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream);
+CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent);
+CUresult CUDAAPI cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd);
+CUresult CUDAAPI cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags);
+CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags);
+CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                       unsigned int Flags);
+CUresult CUDAAPI cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
+CUresult CUDAAPI cuLinkCreate_v2(unsigned int numOptions, CUjit_option *options,
+                                 void **optionValues, CUlinkState *stateOut);
+CUresult CUDAAPI cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data, size_t size,
+                                  const char *name, unsigned int numOptions, CUjit_option *options,
+                                  void **optionValues);
 
 /* Test hook: the bytes charged to a device now (every process sharing
  * FAKECUDA_STATE included); UINT64_MAX for no such device or before cuInit. */
@@ -68,11 +85,6 @@ unsigned long long fakecuda_used(int dev);
 /* ------------------------------------------------------------------------ */
 /* Devices and usage                                                         */
 
-struct fdev {
-    char name[256];
-    uint64_t total;
-    int major, minor;
-};
 
 struct fstate {
     _Atomic uint64_t used[MAXDEV];
@@ -84,7 +96,7 @@ struct fctx {
 };
 #define CTX_MAGIC 0xfac7c0deu
 
-static struct fdev g_dev[MAXDEV];
+static struct fk_device g_dev[MAXDEV];
 static int g_ndev;
 static struct fstate g_local_state;
 static struct fstate *g_st = &g_local_state;
@@ -517,7 +529,7 @@ static int add_device(char *entry)
         return -1;
     *c1 = 0;
     char *name = trim(entry), *tot = trim(c1 + 1), *cc = trim(c2 + 1);
-    struct fdev d;
+    struct fk_device d;
     memset(&d, 0, sizeof d);
     if (!*name || parse_size(tot, &d.total) != 0 || sscanf(cc, "%d.%d", &d.major, &d.minor) != 2)
         return -1;
@@ -749,6 +761,34 @@ static inline int valid_dev(CUdevice d)
     return d >= 0 && d < g_ndev;
 }
 
+/* ---- what the other parts of the driver use (fakecuda.h) ---- */
+
+CUresult fk_ready(void)
+{
+    return ready();
+}
+
+int fk_device_count(void)
+{
+    return ready() == CUDA_SUCCESS ? g_ndev : 0;
+}
+
+const struct fk_device *fk_device(int dev)
+{
+    return valid_dev(dev) ? &g_dev[dev] : NULL;
+}
+
+int fk_current_device(void)
+{
+    return t_cur ? t_cur->dev : -1;
+}
+
+int fk_is_device_address(uint64_t p)
+{
+    return (p >= ADDR_BASE && p < atomic_load_explicit(&g_next_addr, memory_order_relaxed)) ||
+           (p >= ADDR_V1_BASE && p < atomic_load_explicit(&g_next_v1, memory_order_relaxed));
+}
+
 /* Counts an allocation call; non-zero when this one must fail. */
 static CUresult injected(void)
 {
@@ -907,15 +947,7 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
         return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(dev))
         return CUDA_ERROR_INVALID_DEVICE;
-    switch (attrib) {
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = g_dev[dev].major; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = g_dev[dev].minor; break;
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
-    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: *pi = 1; break;
-    default: *pi = 0; break;
-    }
+    *pi = fk_attribute(dev, attrib); /* fakecuda_props.c */
     return CUDA_SUCCESS;
 }
 
@@ -1008,6 +1040,34 @@ CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     int cur = atomic_load(&g_ctx_refs[dev]);
     while (cur > 0 && !atomic_compare_exchange_weak(&g_ctx_refs[dev], &cur, cur - 1)) {
     }
+    return CUDA_SUCCESS;
+}
+
+/* Flags are kept, never acted on (nothing is scheduled). */
+static _Atomic unsigned g_ctx_flags[MAXDEV];
+
+CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    CUresult r = ready();
+    if (r)
+        return r;
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!flags || !active)
+        return CUDA_ERROR_INVALID_VALUE;
+    *flags = atomic_load(&g_ctx_flags[dev]);
+    *active = atomic_load(&g_ctx_refs[dev]) > 0;
+    return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
+{
+    CUresult r = ready();
+    if (r)
+        return r;
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    atomic_store(&g_ctx_flags[dev], flags);
     return CUDA_SUCCESS;
 }
 
@@ -1693,6 +1753,7 @@ CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
         munmap(p, bytesize);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    fk_host_range_add(p, bytesize, 0); /* for pointer queries */
     *pp = p;
     return CUDA_SUCCESS;
 }
@@ -1710,6 +1771,7 @@ CUresult CUDAAPI cuMemFreeHost(void *p)
     struct ent e;
     if (tab_remove((uint64_t)(uintptr_t)p, KIND(K_HOST), &e) != K_HOST)
         return CUDA_ERROR_INVALID_VALUE;
+    fk_host_range_remove(p);
     munmap(p, e.size);
     return CUDA_SUCCESS;
 }
@@ -1992,6 +2054,93 @@ static const struct sym g_syms[] = {
     S("cuMemUnmap", 10020, cuMemUnmap),
     S("cuMemSetAccess", 10020, cuMemSetAccess),
     S("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
+    /* fakecuda_exec.c: streams, events, copies, modules, launches, ... */
+    S("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState),
+    S("cuDevicePrimaryCtxSetFlags", 11000, cuDevicePrimaryCtxSetFlags_v2),
+    S("cuCtxGetStreamPriorityRange", 5050, cuCtxGetStreamPriorityRange),
+    S("cuStreamCreate", 2000, cuStreamCreate),
+    S("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
+    S("cuStreamDestroy", 2000, cuStreamDestroy_v2),
+    SP("cuStreamGetPriority", 5050, cuStreamGetPriority, cuStreamGetPriority),
+    SP("cuStreamGetFlags", 5050, cuStreamGetFlags, cuStreamGetFlags),
+    SP("cuStreamGetCtx", 9020, cuStreamGetCtx, cuStreamGetCtx),
+    SP("cuStreamGetId", 12000, cuStreamGetId, cuStreamGetId),
+    SP("cuStreamGetDevice", 12080, cuStreamGetDevice, cuStreamGetDevice),
+    SP("cuStreamQuery", 2000, cuStreamQuery, cuStreamQuery),
+    SP("cuStreamWaitEvent", 3020, cuStreamWaitEvent, cuStreamWaitEvent),
+    SP("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2, cuStreamBeginCapture_v2),
+    SP("cuStreamEndCapture", 10000, cuStreamEndCapture, cuStreamEndCapture),
+    SP("cuStreamIsCapturing", 10000, cuStreamIsCapturing, cuStreamIsCapturing),
+    SP("cuStreamGetCaptureInfo", 11030, cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v2),
+    SP("cuStreamGetCaptureInfo", 12030, cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3),
+    S("cuThreadExchangeStreamCaptureMode", 10010, cuThreadExchangeStreamCaptureMode),
+    SP("cuLaunchHostFunc", 10000, cuLaunchHostFunc, cuLaunchHostFunc),
+    SP("cuStreamAddCallback", 5000, cuStreamAddCallback, cuStreamAddCallback),
+    SP("cuStreamWriteValue32", 8000, cuStreamWriteValue32_v2, cuStreamWriteValue32_v2),
+    SP("cuStreamWaitValue32", 8000, cuStreamWaitValue32_v2, cuStreamWaitValue32_v2),
+    S("cuEventCreate", 2000, cuEventCreate),
+    S("cuEventDestroy", 2000, cuEventDestroy_v2),
+    SP("cuEventRecord", 2000, cuEventRecord, cuEventRecord),
+    SP("cuEventRecordWithFlags", 11010, cuEventRecordWithFlags, cuEventRecordWithFlags),
+    S("cuEventQuery", 2000, cuEventQuery),
+    S("cuEventSynchronize", 2000, cuEventSynchronize),
+    S("cuEventElapsedTime", 2000, cuEventElapsedTime_v2),
+    S("cuMemHostRegister", 4000, cuMemHostRegister_v2),
+    S("cuMemHostUnregister", 4000, cuMemHostUnregister),
+    S("cuMemHostGetDevicePointer", 3020, cuMemHostGetDevicePointer_v2),
+    S("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
+    S("cuPointerGetAttributes", 7000, cuPointerGetAttributes),
+    SP("cuMemcpy", 4000, cuMemcpy, cuMemcpy),
+    SP("cuMemcpyAsync", 4000, cuMemcpyAsync, cuMemcpyAsync),
+    SP("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2, cuMemcpyHtoD_v2),
+    SP("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2, cuMemcpyDtoH_v2),
+    SP("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2, cuMemcpyDtoD_v2),
+    SP("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync_v2),
+    SP("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync_v2),
+    SP("cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync_v2),
+    SP("cuMemcpyPeer", 4000, cuMemcpyPeer, cuMemcpyPeer),
+    SP("cuMemcpyPeerAsync", 4000, cuMemcpyPeerAsync, cuMemcpyPeerAsync),
+    SP("cuMemsetD8", 3020, cuMemsetD8_v2, cuMemsetD8_v2),
+    SP("cuMemsetD16", 3020, cuMemsetD16_v2, cuMemsetD16_v2),
+    SP("cuMemsetD32", 3020, cuMemsetD32_v2, cuMemsetD32_v2),
+    SP("cuMemsetD8Async", 3020, cuMemsetD8Async, cuMemsetD8Async),
+    SP("cuMemsetD16Async", 3020, cuMemsetD16Async, cuMemsetD16Async),
+    SP("cuMemsetD32Async", 3020, cuMemsetD32Async, cuMemsetD32Async),
+    S("cuModuleLoadData", 2000, cuModuleLoadData),
+    S("cuModuleLoadDataEx", 2010, cuModuleLoadDataEx),
+    S("cuModuleUnload", 2000, cuModuleUnload),
+    S("cuModuleGetFunction", 2000, cuModuleGetFunction),
+    SP("cuLaunchKernel", 4000, cuLaunchKernel, cuLaunchKernel),
+    SP("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel, cuLaunchCooperativeKernel),
+    S("cuFuncGetAttribute", 2020, cuFuncGetAttribute),
+    S("cuFuncSetAttribute", 9000, cuFuncSetAttribute),
+    S("cuFuncSetCacheConfig", 3000, cuFuncSetCacheConfig),
+    S("cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050, cuOccupancyMaxActiveBlocksPerMultiprocessor),
+    S("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000,
+      cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags),
+    S("cuLinkCreate", 6050, cuLinkCreate_v2),
+    S("cuLinkAddData", 6050, cuLinkAddData_v2),
+    S("cuLinkComplete", 5050, cuLinkComplete),
+    S("cuLinkDestroy", 5050, cuLinkDestroy),
+    S("cuTensorMapEncodeTiled", 12000, cuTensorMapEncodeTiled),
+    S("cuDeviceCanAccessPeer", 4000, cuDeviceCanAccessPeer),
+    S("cuCtxEnablePeerAccess", 4000, cuCtxEnablePeerAccess),
+    S("cuCtxDisablePeerAccess", 4000, cuCtxDisablePeerAccess),
+    S("cuDeviceGetPCIBusId", 4010, cuDeviceGetPCIBusId),
+    S("cuDeviceGetByPCIBusId", 4010, cuDeviceGetByPCIBusId),
+    S("cuDeviceGetUuid", 9020, cuDeviceGetUuid),
+    S("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2),
+    S("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle),
+    S("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2),
+    S("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
+    S("cuIpcGetEventHandle", 4010, cuIpcGetEventHandle),
+    S("cuIpcOpenEventHandle", 4010, cuIpcOpenEventHandle),
+    S("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),
+    S("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
+    S("cuMulticastCreate", 12010, cuMulticastCreate),
+    S("cuMulticastAddDevice", 12010, cuMulticastAddDevice),
+    S("cuMulticastBindMem", 12010, cuMulticastBindMem),
+    S("cuMulticastGetGranularity", 12010, cuMulticastGetGranularity),
     S("cuGetErrorString", 6000, cuGetErrorString),
     S("cuGetErrorName", 6000, cuGetErrorName),
     S("cuGetExportTable", 3000, cuGetExportTable),
