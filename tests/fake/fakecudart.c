@@ -11,10 +11,6 @@
  *   - per-thread current device (default 0) and last error; the primary
  *     context is retained on first use and made current per thread.
  */
-#define __CUDA_API_VERSION_INTERNAL 1 /* declares both foo and foo_ptsz */
-#include <cuda.h>
-#include <cuda_runtime_api.h>
-
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -23,55 +19,10 @@
 #include <string.h>
 #include <unistd.h>
 
-/* 13000, or what the build says: the same source makes the fake
- * libcudart.so.12 (12080) and libcudart.so.13, each with its version node. */
-#ifndef RT_VERSION
-#define RT_VERSION 13000
-#endif
-#define MAXDEV     64
+#include "fakecudart.h"
 
-typedef CUresult (*pfn_getproc)(const char *, void **, int, cuuint64_t,
-                                CUdriverProcAddressQueryResult *);
-
-static struct {
-    CUresult (*Init)(unsigned int);
-    CUresult (*DriverGetVersion)(int *);
-    CUresult (*DeviceGetCount)(int *);
-    CUresult (*DeviceGet)(CUdevice *, int);
-    CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
-    CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
-    CUresult (*DeviceGetMemPool)(CUmemoryPool *, CUdevice);
-    CUresult (*DeviceSetMemPool)(CUdevice, CUmemoryPool);
-    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-    CUresult (*CtxSetCurrent)(CUcontext);
-    CUresult (*CtxSynchronize)(void);       /* below CUDA 13 */
-    CUresult (*CtxSynchronize_v2)(CUcontext); /* CUDA 13 */
-    CUresult (*StreamSynchronize)(CUstream);
-    CUresult (*StreamSynchronize_ptsz)(CUstream);
-    CUresult (*MemGetInfo)(size_t *, size_t *);
-    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
-    CUresult (*MemFree)(CUdeviceptr);
-    CUresult (*MemAllocManaged)(CUdeviceptr *, size_t, unsigned int);
-    CUresult (*MemAllocPitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
-    CUresult (*MemAllocAsync)(CUdeviceptr *, size_t, CUstream);
-    CUresult (*MemAllocAsync_ptsz)(CUdeviceptr *, size_t, CUstream);
-    CUresult (*MemFreeAsync)(CUdeviceptr, CUstream);
-    CUresult (*MemFreeAsync_ptsz)(CUdeviceptr, CUstream);
-    CUresult (*MemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
-    CUresult (*MemAllocFromPoolAsync_ptsz)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
-    CUresult (*MemPoolCreate)(CUmemoryPool *, const CUmemPoolProps *);
-    CUresult (*MemPoolDestroy)(CUmemoryPool);
-    CUresult (*MemPoolTrimTo)(CUmemoryPool, size_t);
-    CUresult (*MemPoolSetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
-    CUresult (*MemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
-    CUresult (*Array3DCreate)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
-    CUresult (*ArrayDestroy)(CUarray);
-    CUresult (*MipmappedArrayCreate)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
-    CUresult (*MipmappedArrayDestroy)(CUmipmappedArray);
-    CUresult (*MemHostAlloc)(void **, size_t, unsigned int);
-    CUresult (*MemAllocHost)(void **, size_t);
-    CUresult (*MemFreeHost)(void *);
-} D;
+/* The driver's functions this runtime uses (fakecudart.h), resolved once. */
+struct fr_driver D;
 
 static pfn_getproc g_getproc;
 static pthread_once_t g_load_once = PTHREAD_ONCE_INIT;
@@ -132,21 +83,24 @@ static void *open_driver(void)
     return dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 }
 
-static void *resolve(const char *name, cuuint64_t flags)
+static void *resolve(const char *name, int version, cuuint64_t flags)
 {
     void *fn = NULL;
     CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    if (g_getproc(name, &fn, RT_VERSION, flags, &st) != CUDA_SUCCESS ||
+    if (g_getproc(name, &fn, version, flags, &st) != CUDA_SUCCESS ||
         st != CU_GET_PROC_ADDRESS_SUCCESS)
         return NULL;
     return fn;
 }
 
-#define RESOLVE(field, name, flags)                                                        \
+/* A driver function at this runtime's version, or (_AT) at the version of
+ * the ABI the field has. */
+#define RESOLVE_AT(field, name, version, flags)                                            \
     do {                                                                                   \
-        if (!(D.field = (__typeof__(D.field))resolve(name, flags)))                        \
+        if (!(D.field = (__typeof__(D.field))resolve(name, version, flags)))               \
             missing = 1;                                                                   \
     } while (0)
+#define RESOLVE(field, name, flags) RESOLVE_AT(field, name, RT_VERSION, flags)
 
 static void do_load(void)
 {
@@ -167,7 +121,12 @@ static void do_load(void)
     RESOLVE(DriverGetVersion, "cuDriverGetVersion", L);
     RESOLVE(DeviceGetCount, "cuDeviceGetCount", L);
     RESOLVE(DeviceGet, "cuDeviceGet", L);
+    RESOLVE(DeviceGetName, "cuDeviceGetName", L);
+    RESOLVE(DeviceTotalMem, "cuDeviceTotalMem", L);
     RESOLVE(DeviceGetAttribute, "cuDeviceGetAttribute", L);
+    RESOLVE(DeviceGetUuid, "cuDeviceGetUuid", L);
+    RESOLVE(DeviceGetPCIBusId, "cuDeviceGetPCIBusId", L);
+    RESOLVE(DeviceCanAccessPeer, "cuDeviceCanAccessPeer", L);
     RESOLVE(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", L);
     RESOLVE(DeviceGetMemPool, "cuDeviceGetMemPool", L);
     RESOLVE(DeviceSetMemPool, "cuDeviceSetMemPool", L);
@@ -179,6 +138,39 @@ static void do_load(void)
         RESOLVE(CtxSynchronize_v2, "cuCtxSynchronize", L);
     else
         RESOLVE(CtxSynchronize, "cuCtxSynchronize", L);
+    RESOLVE(CtxGetStreamPriorityRange, "cuCtxGetStreamPriorityRange", L);
+    RESOLVE(CtxEnablePeerAccess, "cuCtxEnablePeerAccess", L);
+    RESOLVE(StreamCreateWithPriority, "cuStreamCreateWithPriority", L);
+    RESOLVE(StreamDestroy, "cuStreamDestroy", L);
+    RESOLVE(StreamGetPriority, "cuStreamGetPriority", L);
+    RESOLVE(StreamQuery, "cuStreamQuery", L);
+    RESOLVE(StreamWaitEvent, "cuStreamWaitEvent", L);
+    RESOLVE(StreamBeginCapture, "cuStreamBeginCapture", L);
+    RESOLVE(StreamEndCapture, "cuStreamEndCapture", L);
+    RESOLVE(StreamIsCapturing, "cuStreamIsCapturing", L);
+    RESOLVE_AT(StreamGetCaptureInfo, "cuStreamGetCaptureInfo", 11030, L);
+    RESOLVE(ThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode", L);
+    RESOLVE(LaunchHostFunc, "cuLaunchHostFunc", L);
+    RESOLVE(EventCreate, "cuEventCreate", L);
+    RESOLVE(EventDestroy, "cuEventDestroy", L);
+    RESOLVE(EventRecord, "cuEventRecord", L);
+    RESOLVE(EventQuery, "cuEventQuery", L);
+    RESOLVE(EventSynchronize, "cuEventSynchronize", L);
+    RESOLVE(EventElapsedTime, "cuEventElapsedTime", L);
+    RESOLVE(Memcpy, "cuMemcpy", L);
+    RESOLVE(MemcpyAsync, "cuMemcpyAsync", L);
+    RESOLVE(MemcpyPeerAsync, "cuMemcpyPeerAsync", L);
+    RESOLVE(MemsetD8, "cuMemsetD8", L);
+    RESOLVE(MemsetD8Async, "cuMemsetD8Async", L);
+    RESOLVE(MemHostRegister, "cuMemHostRegister", L);
+    RESOLVE(MemHostUnregister, "cuMemHostUnregister", L);
+    RESOLVE(MemHostGetDevicePointer, "cuMemHostGetDevicePointer", L);
+    RESOLVE(PointerGetAttributes, "cuPointerGetAttributes", L);
+    RESOLVE(IpcGetMemHandle, "cuIpcGetMemHandle", L);
+    RESOLVE(IpcOpenMemHandle, "cuIpcOpenMemHandle", L);
+    RESOLVE(IpcCloseMemHandle, "cuIpcCloseMemHandle", L);
+    RESOLVE(IpcGetEventHandle, "cuIpcGetEventHandle", L);
+    RESOLVE(IpcOpenEventHandle, "cuIpcOpenEventHandle", L);
     RESOLVE(StreamSynchronize, "cuStreamSynchronize", L);
     RESOLVE(StreamSynchronize_ptsz, "cuStreamSynchronize", P);
     RESOLVE(MemGetInfo, "cuMemGetInfo", L);
@@ -256,22 +248,71 @@ static cudaError_t ensure_ctx(void)
         return cudaSuccess;
     if (t_dev < 0 || t_dev >= g_ndev || t_dev >= MAXDEV)
         return cudaErrorInvalidDevice;
-    CUresult r = CUDA_SUCCESS;
-    pthread_mutex_lock(&g_prim_mu);
-    if (!g_prim[t_dev]) {
-        CUdevice d;
-        r = D.DeviceGet(&d, t_dev);
-        if (r == CUDA_SUCCESS)
-            r = D.DevicePrimaryCtxRetain(&g_prim[t_dev], d);
-    }
-    CUcontext c = g_prim[t_dev];
-    pthread_mutex_unlock(&g_prim_mu);
-    if (r == CUDA_SUCCESS)
-        r = D.CtxSetCurrent(c);
+    CUcontext c;
+    cudaError_t pe = fr_primary_context(t_dev, &c);
+    if (pe != cudaSuccess)
+        return pe;
+    CUresult r = D.CtxSetCurrent(c);
     if (r != CUDA_SUCCESS)
         return map_err(r);
     t_bound = t_dev;
     return cudaSuccess;
+}
+
+/* What the other part of the runtime uses (fakecudart.h). */
+cudaError_t fr_load(void)
+{
+    return rt_load();
+}
+
+cudaError_t fr_init(void)
+{
+    return rt_init();
+}
+
+cudaError_t fr_ensure_ctx(void)
+{
+    return ensure_ctx();
+}
+
+cudaError_t fr_ret(cudaError_t e)
+{
+    return ret(e);
+}
+
+cudaError_t fr_ret_cu(CUresult r)
+{
+    return ret_cu(r);
+}
+
+int fr_device_count(void)
+{
+    return g_ndev;
+}
+
+int fr_current_device(void)
+{
+    return t_dev;
+}
+
+cudaError_t fr_primary_context(int dev, CUcontext *ctx)
+{
+    cudaError_t e = rt_init();
+    if (e != cudaSuccess)
+        return e;
+    if (dev < 0 || dev >= g_ndev || dev >= MAXDEV)
+        return cudaErrorInvalidDevice;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_prim_mu);
+    if (!g_prim[dev]) {
+        CUdevice d;
+        r = D.DeviceGet(&d, dev);
+        if (r == CUDA_SUCCESS)
+            r = D.DevicePrimaryCtxRetain(&g_prim[dev], d);
+    }
+    *ctx = g_prim[dev];
+    pthread_mutex_unlock(&g_prim_mu);
+    return map_err(r);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -816,6 +857,22 @@ static const struct {
      "OS call failed or operation not supported on this OS"},
     {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
     {cudaErrorSymbolNotFound, "cudaErrorSymbolNotFound", "named symbol not found"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration", "invalid configuration argument"},
+    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection",
+     "invalid copy direction for memcpy"},
+    {cudaErrorInvalidDeviceFunction, "cudaErrorInvalidDeviceFunction", "invalid device function"},
+    {cudaErrorNoKernelImageForDevice, "cudaErrorNoKernelImageForDevice",
+     "no kernel image is available for execution on the device"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorPeerAccessAlreadyEnabled, "cudaErrorPeerAccessAlreadyEnabled",
+     "peer access is already enabled"},
+    {cudaErrorPeerAccessNotEnabled, "cudaErrorPeerAccessNotEnabled", "peer access has not been enabled"},
+    {cudaErrorHostMemoryAlreadyRegistered, "cudaErrorHostMemoryAlreadyRegistered",
+     "part or all of the requested memory range is already mapped"},
+    {cudaErrorHostMemoryNotRegistered, "cudaErrorHostMemoryNotRegistered",
+     "pointer does not correspond to a registered memory region"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
     {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
@@ -911,7 +968,7 @@ cudaError_t CUDARTAPI cudaGetDriverEntryPointByVersion_ptsz(
  * library's constructor registers each fat binary, then its kernels and
  * variables; a launch pushes and pops its configuration. The handle keeps
  * the wrapper, as the real one does; the fake device loads no module and
- * runs no kernel, so a launch fails with cudaErrorNotSupported.           */
+ * runs no kernel: a launch is checked and succeeds without running.       */
 
 /* Declared by crt/host_runtime.h and crt/device_functions.h, C++ only. */
 void **CUDARTAPI __cudaRegisterFatBinary(void *fatCubin);
@@ -1039,30 +1096,28 @@ cudaError_t CUDARTAPI __cudaGetKernel(cudaKernel_t *kernel, const void *hostFun)
     return cudaSuccess;
 }
 
-static cudaError_t launch(void)
-{
-    return ret(cudaErrorNotSupported);
-}
-
+/* A launch is checked as the runtime checks it and runs nothing
+ * (fakecudart_exec.c). */
 cudaError_t CUDARTAPI __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim,
                                          void **args, size_t sharedMem, cudaStream_t stream)
 {
-    (void)kernel, (void)gridDim, (void)blockDim, (void)args, (void)sharedMem, (void)stream;
-    return launch();
+    (void)args;
+    return kernel ? fr_launch(gridDim, blockDim, sharedMem, stream)
+                  : ret(cudaErrorInvalidDeviceFunction);
 }
 
 cudaError_t CUDARTAPI __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim,
                                               void **args, size_t sharedMem, cudaStream_t stream)
 {
-    (void)kernel, (void)gridDim, (void)blockDim, (void)args, (void)sharedMem, (void)stream;
-    return launch();
+    return __cudaLaunchKernel(kernel, gridDim, blockDim, args, sharedMem, stream);
 }
 
 cudaError_t CUDARTAPI cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args,
                                        size_t sharedMem, cudaStream_t stream)
 {
-    (void)func, (void)gridDim, (void)blockDim, (void)args, (void)sharedMem, (void)stream;
-    return launch();
+    (void)args;
+    return func ? fr_launch(gridDim, blockDim, sharedMem, stream)
+                : ret(cudaErrorInvalidDeviceFunction);
 }
 
 /* Test hook: the fat binaries registered and not unregistered (it proves a
