@@ -10,6 +10,9 @@
 #   libplugin12/13.so an extension linked against one runtime (tests/fake/plugin.c)
 #   libtorchlike.so   PyTorch-like caching allocator, needs libcudart.so.13
 #   libnccllike.so    NCCL-like library, no runtime, dlopens libcuda.so.1
+#   libnvidia-ml.so.1 NVML, answering from the fake driver
+#   libcublas.so.12, libcublasLt.so.12, libcudnn.so.9
+#                     stand-ins for the libraries real PyTorch links
 #
 # and the test programs that do not link the fake runtime:
 #   tests/progs/drvprog   linked with -lcuda, no runtime
@@ -23,11 +26,18 @@ FAKE_CUDART12 := $(FAKE_DIR)/libcudart.so.12
 FAKE_TORCH  := $(FAKE_DIR)/libtorchlike.so
 FAKE_NCCL   := $(FAKE_DIR)/libnccllike.so
 FAKE_PLUGINS := $(FAKE_DIR)/libplugin12.so $(FAKE_DIR)/libplugin13.so
+# What real PyTorch needs besides the runtime and the driver (tests/torch):
+# NVML, and stand-ins for cuBLAS, cuBLASLt and cuDNN.
+FAKE_NVML   := $(FAKE_DIR)/libnvidia-ml.so.1
+FAKE_BLAS   := $(FAKE_DIR)/libcublas.so.12 $(FAKE_DIR)/libcublasLt.so.12
+FAKE_CUDNN  := $(FAKE_DIR)/libcudnn.so.9
 FAKE_LIBS   := $(FAKE_CUDA) $(FAKE_DIR)/libcuda.so $(FAKE_CUDART) $(FAKE_DIR)/libcudart.so \
-               $(FAKE_CUDART12) $(FAKE_TORCH) $(FAKE_NCCL) $(FAKE_PLUGINS)
+               $(FAKE_CUDART12) $(FAKE_TORCH) $(FAKE_NCCL) $(FAKE_PLUGINS) $(FAKE_NVML) \
+               $(FAKE_BLAS) $(FAKE_CUDNN)
 
-$(FAKE_CUDA): tests/fake/fakecuda.c | $(BUILD)/fake
-	$(CC) $(CFLAGS) $(CUDA_INC) -shared -Wl,-soname,libcuda.so.1 $< -o $@ \
+FAKE_CUDA_SRC := tests/fake/fakecuda.c tests/fake/fakecuda_props.c tests/fake/fakecuda_exec.c
+$(FAKE_CUDA): $(FAKE_CUDA_SRC) tests/fake/fakecuda.h | $(BUILD)/fake
+	$(CC) $(CFLAGS) $(CUDA_INC) -shared -Wl,-soname,libcuda.so.1 $(FAKE_CUDA_SRC) -o $@ \
 	  $(LDFLAGS) -lpthread
 
 $(FAKE_DIR)/libcuda.so: $(FAKE_CUDA)
@@ -38,16 +48,17 @@ $(FAKE_DIR)/libcuda.so: $(FAKE_CUDA)
 define fake_cudart
 	printf 'libcudart.so.%s { global: *; };\n' $(1) > $@.map
 	$(CC) $(CFLAGS) $(CUDA_INC) -DRT_VERSION=$(2) -shared -Wl,-soname,libcudart.so.$(1) \
-	  -Wl,-Bsymbolic -Wl,--version-script=$@.map -Wl,-rpath,'$$ORIGIN' $< -o $@ $(LDFLAGS) \
-	  -ldl -lpthread
+	  -Wl,-Bsymbolic -Wl,--version-script=$@.map -Wl,-rpath,'$$ORIGIN' $(FAKE_CUDART_SRC) -o $@ \
+	  $(LDFLAGS) -ldl -lpthread
 	@! readelf -d $@ | grep -q 'NEEDED.*libcuda\.so' || \
 	  { echo "fake: $@ must not need libcuda" >&2; rm -f $@; exit 1; }
 endef
 
-$(FAKE_CUDART): tests/fake/fakecudart.c | $(BUILD)/fake
+FAKE_CUDART_SRC := tests/fake/fakecudart.c tests/fake/fakecudart_exec.c
+$(FAKE_CUDART): $(FAKE_CUDART_SRC) tests/fake/fakecudart.h | $(BUILD)/fake
 	$(call fake_cudart,13,13000)
 
-$(FAKE_CUDART12): tests/fake/fakecudart.c | $(BUILD)/fake
+$(FAKE_CUDART12): $(FAKE_CUDART_SRC) tests/fake/fakecudart.h | $(BUILD)/fake
 	$(call fake_cudart,12,12080)
 
 $(FAKE_DIR)/libplugin%.so: tests/fake/plugin.c $(FAKE_DIR)/libcudart.so.% | $(BUILD)/fake
@@ -91,3 +102,25 @@ endif
 
 # Libraries with real device code for chosen archs (needs nvcc).
 -include tests/arch/arch.mk
+
+# NVML: unversioned names, as the real library's.
+$(FAKE_NVML): tests/fake/fakenvml.c | $(BUILD)/fake
+	$(CC) $(CFLAGS) $(CUDA_INC) -fvisibility=hidden -shared -Wl,-soname,libnvidia-ml.so.1 $< -o $@ \
+	  $(LDFLAGS) -ldl -lpthread
+
+# A library whose names sit in version node $(1) (as the real one's do):
+# soname $(1), exporting the names that match $(2).
+define fake_versioned
+	printf '%s { global: %s; local: *; };\n' $(1) '$(2)' > $@.map
+	$(CC) $(CFLAGS) -fvisibility=hidden $(3) -shared -Wl,-soname,$(1) -Wl,--version-script=$@.map \
+	  $< -o $@ $(LDFLAGS)
+endef
+
+$(FAKE_DIR)/libcublas.so.12: tests/fake/fakecublas.c tests/fake/cublas.def | $(BUILD)/fake
+	$(call fake_versioned,libcublas.so.12,cublas*)
+
+$(FAKE_DIR)/libcublasLt.so.12: tests/fake/fakecublas.c tests/fake/cublas.def | $(BUILD)/fake
+	$(call fake_versioned,libcublasLt.so.12,cublasLt*,-DFAKE_LT)
+
+$(FAKE_CUDNN): tests/fake/fakecudnn.c tests/fake/cudnn.def | $(BUILD)/fake
+	$(call fake_versioned,libcudnn.so.9,cudnn*)
