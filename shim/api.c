@@ -10,6 +10,7 @@
 #include "ledger.h"
 #include "prim.h"
 #include "react.h"
+#include "trace.h"
 
 _Static_assert(sizeof(struct gpuguard_advice) == sizeof(struct gg_advice),
                "struct gg_advice mirrors struct gpuguard_advice");
@@ -55,6 +56,8 @@ GG_EXPORT int gpuguard_advice(struct gpuguard_advice *out)
 GG_EXPORT void gpuguard_ack(unsigned seq)
 {
     int batch, accum, was = gg_inside();
+    if (gg_tracing())
+        gg_trace_api("ack", seq, 0);
     if (gg_advice_ack(seq, &batch, &accum))
         gg_life_batch(batch, accum);
     gg_outside(was);
@@ -63,6 +66,8 @@ GG_EXPORT void gpuguard_ack(unsigned seq)
 GG_EXPORT void gpuguard_set_batch(int batch_size, int grad_accum)
 {
     int was = gg_inside();
+    if (gg_tracing())
+        gg_trace_api("batch", batch_size, grad_accum);
     gg_advice_set_batch(batch_size, grad_accum);
     gg_life_registered();
     gg_life_batch(batch_size, grad_accum);
@@ -72,6 +77,8 @@ GG_EXPORT void gpuguard_set_batch(int batch_size, int grad_accum)
 GG_EXPORT void gpuguard_step(unsigned long long step)
 {
     int was = gg_inside();
+    if (gg_tracing())
+        gg_trace_api("step", (long long)step, 0);
     gg_life_step(step);
     gg_outside(was);
 }

@@ -39,6 +39,7 @@
 #include "prim.h"
 #include "react.h"
 #include "settings.h"
+#include "trace.h"
 
 const struct gg_hook_info gg_hooks[GG_HOOK_COUNT] = {
 #define HOOK(id, family, export, base, min, max, ptsz, shape, journal) \
@@ -125,6 +126,8 @@ static inline bool begin(struct gg_call *c, enum gg_hook h, uintptr_t ra, uint64
 static GG_COLD CUresult refuse(const struct gg_call *c, const struct gg_verdict *v)
 {
     gg_react(c, v);
+    if (gg_tracing())
+        gg_trace_alloc(c->api_name, c->dev, c->bytes, 0, CUDA_ERROR_OUT_OF_MEMORY, true, c->pool);
     gg_leave();
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -137,15 +140,20 @@ static inline CUresult alloc_end(struct gg_call *c, struct gg_verdict *v, CUresu
         gg_guard_failed(c, r == CUDA_ERROR_OUT_OF_MEMORY, v);
     if (gg_unlikely(gg_verdict_any(v)))
         gg_react(c, v);
+    if (gg_tracing())
+        gg_trace_alloc(c->api_name, c->dev, c->bytes, key, r, false, c->pool);
     gg_leave();
     return r;
 }
 
 /* A free: forget first (the address may be handed out again the moment the
  * real free returns), and put it back if the real free fails. */
-static inline CUresult free_end(bool known, const struct gg_entry *e, uint32_t ticket,
+static inline CUresult free_end(enum gg_hook h, uintptr_t key, bool known,
+                                const struct gg_entry *e, uint32_t ticket,
                                 const struct gg_verdict *v, CUresult r)
 {
+    if (gg_tracing() && r != CUDA_SUCCESS)
+        gg_trace_free_failed(gg_hooks[h].journal, key, r);
     if (known && r != CUDA_SUCCESS)
         gg_guard_unrelease(e, ticket);
     else if (known && gg_unlikely(gg_verdict_any(v)))
@@ -174,8 +182,9 @@ static inline CUresult free_end(bool known, const struct gg_entry *e, uint32_t t
         ADMIT_CALL(c, CALL, KEY);                                  \
     } while (0)
 
-/* The body of a free of key `KEY` whose real call is `CALL`. */
-#define FREE_BODY(KEY, CALL)                                                     \
+/* The body of a free (hook h) of key `KEY` whose real call is `CALL`;
+ * traced before the real free, as the guard forgets before it. */
+#define FREE_BODY(h, KEY, CALL)                                                  \
     do {                                                                         \
         if (!(KEY) || !enter())                                                  \
             return CALL;                                                         \
@@ -183,7 +192,9 @@ static inline CUresult free_end(bool known, const struct gg_entry *e, uint32_t t
         struct gg_verdict vd;                                                    \
         uint32_t ticket;                                                         \
         bool known = gg_guard_release((KEY), &e, &ticket, &vd);                 \
-        return free_end(known, &e, ticket, &vd, CALL);                           \
+        if (gg_tracing())                                                        \
+            gg_trace_free(gg_hooks[h].journal, (KEY));                           \
+        return free_end(h, (KEY), known, &e, ticket, &vd, CALL);                 \
     } while (0)
 
 #define REAL(type, h, v) ((type)real_of(h, v))
@@ -388,7 +399,7 @@ static CUresult body_DRV_FREE(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr p
     free_fn real = REAL(free_fn, h, v);
     (void)ra;
     MISSING(real);
-    FREE_BODY((uintptr_t)p, real(p));
+    FREE_BODY(h, (uintptr_t)p, real(p));
 }
 
 typedef CUresult (*free_v1_fn)(CUdeviceptr_v1);
@@ -397,7 +408,7 @@ static CUresult body_DRV_FREE_V1(enum gg_hook h, int v, uintptr_t ra, CUdevicept
     free_v1_fn real = REAL(free_v1_fn, h, v);
     (void)ra;
     MISSING(real);
-    FREE_BODY((uintptr_t)p, real(p));
+    FREE_BODY(h, (uintptr_t)p, real(p));
 }
 
 typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
@@ -406,7 +417,7 @@ static CUresult body_DRV_FREE_ASYNC(enum gg_hook h, int v, uintptr_t ra, CUdevic
     free_async_fn real = REAL(free_async_fn, h, v);
     (void)ra;
     MISSING(real);
-    FREE_BODY((uintptr_t)p, real(p, s));
+    FREE_BODY(h, (uintptr_t)p, real(p, s));
 }
 
 typedef CUresult (*array_free_fn)(CUarray);
@@ -415,7 +426,7 @@ static CUresult body_DRV_ARRAY_FREE(enum gg_hook h, int v, uintptr_t ra, CUarray
     array_free_fn real = REAL(array_free_fn, h, v);
     (void)ra;
     MISSING(real);
-    FREE_BODY((uintptr_t)a, real(a));
+    FREE_BODY(h, (uintptr_t)a, real(a));
 }
 
 typedef CUresult (*mipmap_free_fn)(CUmipmappedArray);
@@ -424,7 +435,7 @@ static CUresult body_DRV_MIPMAP_FREE(enum gg_hook h, int v, uintptr_t ra, CUmipm
     mipmap_free_fn real = REAL(mipmap_free_fn, h, v);
     (void)ra;
     MISSING(real);
-    FREE_BODY((uintptr_t)a, real(a));
+    FREE_BODY(h, (uintptr_t)a, real(a));
 }
 
 typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
@@ -437,6 +448,8 @@ static CUresult body_DRV_RELEASE(enum gg_hook h, int v, uintptr_t ra,
     if (!enter())
         return real(hd);
     CUresult r = real(hd);
+    if (gg_tracing())
+        gg_trace_release(gg_ledger_handle_key(hd), r);
     /* After the real call: a handle whose release failed still holds its
      * memory, and one that is still mapped keeps it until the unmap. */
     struct gg_verdict vd;
@@ -456,8 +469,11 @@ static CUresult body_DRV_MAP(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr p,
     (void)ra;
     MISSING(real);
     CUresult r = real(p, n, off, hd, f);
-    if (r == CUDA_SUCCESS && enter()) {
-        gg_guard_mapped((uintptr_t)p, n, gg_ledger_handle_key(hd));
+    if (enter()) {
+        if (r == CUDA_SUCCESS)
+            gg_guard_mapped((uintptr_t)p, n, gg_ledger_handle_key(hd));
+        if (gg_tracing())
+            gg_trace_map((uintptr_t)p, n, gg_ledger_handle_key(hd), r);
         gg_leave();
     }
     return r;
@@ -470,11 +486,15 @@ static CUresult body_DRV_UNMAP(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr 
     (void)ra;
     MISSING(real);
     CUresult r = real(p, n);
-    if (r == CUDA_SUCCESS && enter()) {
+    if (enter()) {
+        if (gg_tracing())
+            gg_trace_unmap((uintptr_t)p, n, r);
         struct gg_verdict vd;
-        gg_guard_unmapped((uintptr_t)p, n, &vd);
-        if (gg_unlikely(gg_verdict_any(&vd)))
-            gg_react_free(&vd);
+        if (r == CUDA_SUCCESS) {
+            gg_guard_unmapped((uintptr_t)p, n, &vd);
+            if (gg_unlikely(gg_verdict_any(&vd)))
+                gg_react_free(&vd);
+        }
         gg_leave();
     }
     return r;
@@ -482,9 +502,24 @@ static CUresult body_DRV_UNMAP(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr 
 
 /* ---- pools: made, trimmed, destroyed; synchronisations give memory back ---------- */
 
+/* An attribute's value as a number: the thresholds and highs are 64-bit,
+ * the reuse flags int. */
+static unsigned long long attr_value(CUmemPool_attribute attr, const void *value)
+{
+    if (!value)
+        return 0;
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: return (unsigned)*(const int *)value;
+    default: return *(const cuuint64_t *)value;
+    }
+}
+
 /* A pool operation `CALL` (r its result), then what the guard is told:
- * `TELL`, with vd for the timeline, by the outermost hook only. */
-#define POOL_OP(CALL, TELL)                                 \
+ * `TELL`, with vd for the timeline, and what the trace says: `TRACE`, by
+ * the outermost hook only. */
+#define POOL_OP(CALL, TELL, TRACE)                          \
     do {                                                    \
         bool in = enter();                                  \
         CUresult r = CALL;                                  \
@@ -492,8 +527,10 @@ static CUresult body_DRV_UNMAP(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr 
             struct gg_verdict vd = {0};                     \
             if (r == CUDA_SUCCESS)                          \
                 TELL;                                       \
+            if (gg_tracing())                               \
+                TRACE;                                      \
             if (gg_unlikely(gg_verdict_any(&vd)))           \
-                gg_react_free(&vd);                     \
+                gg_react_free(&vd);                         \
             gg_leave();                                     \
         }                                                   \
         return r;                                           \
@@ -511,7 +548,12 @@ static CUresult body_DRV_POOL_CREATE(enum gg_hook h, int v, uintptr_t ra, CUmemo
     POOL_OP(real(pool, props),
             if (pool && props) gg_guard_pool_created(
                 (uint64_t)(uintptr_t)*pool, props->location.id,
-                props->location.type != CU_MEM_LOCATION_TYPE_DEVICE));
+                props->location.type != CU_MEM_LOCATION_TYPE_DEVICE),
+            gg_trace_pool("create", r == CUDA_SUCCESS && pool ? (uint64_t)(uintptr_t)*pool : 0,
+                          props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE
+                              ? props->location.id
+                              : -1,
+                          r));
 }
 
 typedef CUresult (*pool_destroy_fn)(CUmemoryPool);
@@ -520,7 +562,8 @@ static CUresult body_DRV_POOL_DESTROY(enum gg_hook h, int v, uintptr_t ra, CUmem
     pool_destroy_fn real = REAL(pool_destroy_fn, h, v);
     (void)ra;
     MISSING(real);
-    POOL_OP(real(pool), gg_guard_pool_destroyed((uint64_t)(uintptr_t)pool, &vd));
+    POOL_OP(real(pool), gg_guard_pool_destroyed((uint64_t)(uintptr_t)pool, &vd),
+            gg_trace_pool("destroy", (uint64_t)(uintptr_t)pool, 0, r));
 }
 
 typedef CUresult (*pool_trim_fn)(CUmemoryPool, size_t);
@@ -530,7 +573,8 @@ static CUresult body_DRV_POOL_TRIM(enum gg_hook h, int v, uintptr_t ra, CUmemory
     pool_trim_fn real = REAL(pool_trim_fn, h, v);
     (void)ra;
     MISSING(real);
-    POOL_OP(real(pool, keep), gg_guard_pool_trimmed((uint64_t)(uintptr_t)pool, keep, &vd));
+    POOL_OP(real(pool, keep), gg_guard_pool_trimmed((uint64_t)(uintptr_t)pool, keep, &vd),
+            gg_trace_pool("trim", (uint64_t)(uintptr_t)pool, (long long)keep, r));
 }
 
 typedef CUresult (*set_pool_fn)(CUdevice, CUmemoryPool);
@@ -540,7 +584,22 @@ static CUresult body_DRV_SET_POOL(enum gg_hook h, int v, uintptr_t ra, CUdevice 
     set_pool_fn real = REAL(set_pool_fn, h, v);
     (void)ra;
     MISSING(real);
-    POOL_OP(real(dev, pool), gg_guard_current_pool((int)dev, (uint64_t)(uintptr_t)pool));
+    POOL_OP(real(dev, pool), gg_guard_current_pool((int)dev, (uint64_t)(uintptr_t)pool),
+            gg_trace_pool("current", (uint64_t)(uintptr_t)pool, dev, r));
+}
+
+/* A pool's attribute: nothing the guard keeps (it reads what pools hold
+ * from the driver), but what decides whether a synchronisation gives
+ * memory back (the release threshold): traced. */
+typedef CUresult (*pool_attr_fn)(CUmemoryPool, CUmemPool_attribute, void *);
+static CUresult body_DRV_POOL_ATTR(enum gg_hook h, int v, uintptr_t ra, CUmemoryPool pool,
+                                   CUmemPool_attribute attr, void *value)
+{
+    pool_attr_fn real = REAL(pool_attr_fn, h, v);
+    (void)ra;
+    MISSING(real);
+    POOL_OP(real(pool, attr, value), (void)0,
+            gg_trace_pool_attr((uint64_t)(uintptr_t)pool, (int)attr, attr_value(attr, value), r));
 }
 
 typedef CUresult (*stream_sync_fn)(CUstream);
@@ -549,7 +608,7 @@ static CUresult body_DRV_STREAM_SYNC(enum gg_hook h, int v, uintptr_t ra, CUstre
     stream_sync_fn real = REAL(stream_sync_fn, h, v);
     (void)ra;
     MISSING(real);
-    POOL_OP(real(s), gg_guard_pools_synced(&vd));
+    POOL_OP(real(s), gg_guard_pools_synced(&vd), gg_trace_pool("sync", 0, 0, r));
 }
 
 typedef CUresult (*ctx_sync_fn)(void);
@@ -558,7 +617,7 @@ static CUresult body_DRV_CTX_SYNC(enum gg_hook h, int v, uintptr_t ra)
     ctx_sync_fn real = REAL(ctx_sync_fn, h, v);
     (void)ra;
     MISSING(real);
-    POOL_OP(real(), gg_guard_pools_synced(&vd));
+    POOL_OP(real(), gg_guard_pools_synced(&vd), gg_trace_pool("sync", 0, 0, r));
 }
 
 typedef CUresult (*ctx_sync2_fn)(CUcontext);
@@ -567,7 +626,7 @@ static CUresult body_DRV_CTX_SYNC2(enum gg_hook h, int v, uintptr_t ra, CUcontex
     ctx_sync2_fn real = REAL(ctx_sync2_fn, h, v);
     (void)ra;
     MISSING(real);
-    POOL_OP(real(ctx), gg_guard_pools_synced(&vd));
+    POOL_OP(real(ctx), gg_guard_pools_synced(&vd), gg_trace_pool("sync", 0, 0, r));
 }
 
 /* ---- what the process sees of the device ---------------------------------------- */
@@ -581,7 +640,10 @@ static CUresult body_DRV_MEMINFO(enum gg_hook h, int v, uintptr_t ra, size_t *fr
     MISSING(real);
     CUresult r = real(free_b, total_b);
     if (r == CUDA_SUCCESS && enter()) {
-        gg_guard_meminfo(gg_driver_current_device(), free_b, total_b);
+        int dev = gg_driver_current_device();
+        gg_guard_meminfo(dev, free_b, total_b);
+        if (gg_tracing() && free_b && total_b)
+            gg_trace_meminfo(gg_hooks[h].journal, dev, *free_b, *total_b);
         gg_leave();
     }
     return r;
@@ -610,19 +672,28 @@ static CUresult body_DRV_MEMINFO_V1(enum gg_hook h, int v, uintptr_t ra, unsigne
     return r;
 }
 
+/* The hook for a driver function cuGetProcAddress found, traced with the
+ * module that asked (ra). */
+static void *getproc_handed(const char *sym, void *real, cuuint64_t flags, int ver, uintptr_t ra)
+{
+    void *hook = gg_hook_driver_lookup(sym, real, flags, ver);
+    if ((gg_tracing() || gg_trace_early()) && gg_hook_driver_is_hook(hook))
+        gg_trace_lookup("getproc", sym, ver, flags, ra);
+    return hook;
+}
+
 typedef CUresult (*getproc2_fn)(const char *, void **, int, cuuint64_t,
                                 CUdriverProcAddressQueryResult *);
 static CUresult body_DRV_GETPROC2(enum gg_hook h, int v, uintptr_t ra, const char *sym, void **pfn,
                                   int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *status)
 {
     getproc2_fn real = REAL(getproc2_fn, h, v);
-    (void)ra;
     if (gg_active())
         gg_arch_poll(); /* a runtime starting up: new modules checked before their kernels */
     MISSING(real);
     CUresult r = real(sym, pfn, ver, flags, status);
     if (r == CUDA_SUCCESS && sym && pfn && *pfn && gg_hooks_driver_enabled() && !gg_passing_through())
-        *pfn = gg_hook_driver_lookup(sym, *pfn, flags, ver);
+        *pfn = getproc_handed(sym, *pfn, flags, ver, ra);
     return r;
 }
 
@@ -631,13 +702,12 @@ static CUresult body_DRV_GETPROC1(enum gg_hook h, int v, uintptr_t ra, const cha
                                   int ver, cuuint64_t flags)
 {
     getproc1_fn real = REAL(getproc1_fn, h, v);
-    (void)ra;
     if (gg_active())
         gg_arch_poll(); /* a runtime starting up: new modules checked before their kernels */
     MISSING(real);
     CUresult r = real(sym, pfn, ver, flags);
     if (r == CUDA_SUCCESS && sym && pfn && *pfn && gg_hooks_driver_enabled() && !gg_passing_through())
-        *pfn = gg_hook_driver_lookup(sym, *pfn, flags, ver);
+        *pfn = getproc_handed(sym, *pfn, flags, ver, ra);
     return r;
 }
 
@@ -692,6 +762,8 @@ static CUresult body_DRV_GETPROC1(enum gg_hook h, int v, uintptr_t ra, const cha
 #define ARGS_DRV_POOL_CREATE (, pool, props)
 #define SIG_DRV_POOL_DESTROY (CUmemoryPool pool)
 #define ARGS_DRV_POOL_DESTROY (, pool)
+#define SIG_DRV_POOL_ATTR (CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+#define ARGS_DRV_POOL_ATTR (, pool, attr, value)
 #define SIG_DRV_POOL_TRIM (CUmemoryPool pool, size_t keep)
 #define ARGS_DRV_POOL_TRIM (, pool, keep)
 #define SIG_DRV_SET_POOL (CUdevice dev, CUmemoryPool pool)
@@ -802,6 +874,12 @@ static bool is_hook(const void *fn, int *h_out, int *v_out)
                 return true;
             }
     return false;
+}
+
+bool gg_hook_driver_is_hook(const void *fn)
+{
+    int h, v;
+    return fn && is_hook(fn, &h, &v);
 }
 
 static void *hand_out(int h, void *real, int ptsz)

@@ -29,6 +29,7 @@
 #include "prim.h"
 #include "react.h"
 #include "runtime.h"
+#include "trace.h"
 
 /* ---- the real functions, per runtime ----------------------------------------------- */
 
@@ -95,6 +96,8 @@ static GG_COLD cudaError_t refuse(const struct gg_call *c, const struct gg_verdi
     gg_runtime_set_oom(rt);
     if (p)
         *p = NULL;
+    if (gg_tracing())
+        gg_trace_alloc(c->api_name, c->dev, c->bytes, 0, cudaErrorMemoryAllocation, true, c->pool);
     gg_leave();
     return cudaErrorMemoryAllocation;
 }
@@ -107,6 +110,9 @@ static inline cudaError_t end(struct gg_call *c, struct gg_verdict *v, cudaError
         gg_guard_failed(c, r == cudaErrorMemoryAllocation, v);
     if (gg_unlikely(gg_verdict_any(v)))
         gg_react(c, v);
+    if (gg_tracing())
+        gg_trace_alloc(c->api_name, c->dev, c->bytes, r == cudaSuccess && p ? (uintptr_t)*p : 0,
+                       r, false, c->pool);
     gg_leave();
     return r;
 }
@@ -123,10 +129,12 @@ static GG_COLD void unknown_free(enum gg_rt rt, const void *p, cudaError_t r)
                         "(said once, counted in the summary)", p);
 }
 
-static inline cudaError_t free_end(enum gg_rt rt, void *p, bool known, bool report,
-                                   const struct gg_entry *e, uint32_t ticket,
+static inline cudaError_t free_end(enum gg_rt rt, enum gg_hook h, void *p, bool known,
+                                   bool report, const struct gg_entry *e, uint32_t ticket,
                                    const struct gg_verdict *v, cudaError_t r)
 {
+    if (gg_tracing() && r != cudaSuccess)
+        gg_trace_free_failed(gg_hooks[h].journal, (uintptr_t)p, r);
     if (!known) {
         if (report)
             unknown_free(rt, p, r);
@@ -155,8 +163,10 @@ static inline cudaError_t free_end(enum gg_rt rt, void *p, bool known, bool repo
         ADMIT_CALL(c, rt, p, CALL);                       \
     } while (0)
 
-/* `report`: a free of memory the shim never saw is said (and counted). */
-#define FREE_BODY(rt, p, report, CALL)                                           \
+/* `report`: a free of memory the shim never saw is said (and counted).
+ * Traced before the real free: the address may be handed out again the
+ * moment it returns. */
+#define FREE_BODY(rt, h, p, report, CALL)                                        \
     do {                                                                         \
         if (!p || !gg_enter())                                                   \
             return CALL;                                                         \
@@ -164,7 +174,9 @@ static inline cudaError_t free_end(enum gg_rt rt, void *p, bool known, bool repo
         struct gg_verdict v;                                                     \
         uint32_t ticket;                                                         \
         bool known = gg_guard_release((uintptr_t)p, &e, &ticket, &v);           \
-        return free_end(rt, p, known, report, &e, ticket, &v, CALL);               \
+        if (gg_tracing())                                                        \
+            gg_trace_free(gg_hooks[h].journal, (uintptr_t)p);                    \
+        return free_end(rt, h, p, known, report, &e, ticket, &v, CALL);          \
     } while (0)
 
 typedef cudaError_t (*alloc_fn)(void **, size_t);
@@ -319,7 +331,7 @@ typedef cudaError_t (*free_fn)(void *);
 static inline cudaError_t body_RT_FREE(enum gg_hook h, enum gg_rt rt, void *p)
 {
     REAL(free_fn, rt, h);
-    FREE_BODY(rt, p, true, real(p));
+    FREE_BODY(rt, h, p, true, real(p));
 }
 
 typedef cudaError_t (*free_async_fn)(void *, cudaStream_t);
@@ -327,7 +339,7 @@ static inline cudaError_t body_RT_FREE_ASYNC(enum gg_hook h, enum gg_rt rt, void
                                              cudaStream_t s)
 {
     REAL(free_async_fn, rt, h);
-    FREE_BODY(rt, p, true, real(p, s));
+    FREE_BODY(rt, h, p, true, real(p, s));
 }
 
 /* An array the shim did not count (sparse, deferred) is no surprise. */
@@ -335,7 +347,7 @@ typedef cudaError_t (*free_array_fn)(cudaArray_t);
 static cudaError_t body_RT_FREE_ARRAY(enum gg_hook h, enum gg_rt rt, cudaArray_t a)
 {
     REAL(free_array_fn, rt, h);
-    FREE_BODY(rt, a, false, real(a));
+    FREE_BODY(rt, h, a, false, real(a));
 }
 
 typedef cudaError_t (*free_mipmap_fn)(cudaMipmappedArray_t);
@@ -343,7 +355,7 @@ static cudaError_t body_RT_FREE_MIPMAP(enum gg_hook h, enum gg_rt rt,
                                        cudaMipmappedArray_t a)
 {
     REAL(free_mipmap_fn, rt, h);
-    FREE_BODY(rt, a, false, real(a));
+    FREE_BODY(rt, h, a, false, real(a));
 }
 
 typedef cudaError_t (*meminfo_fn)(size_t *, size_t *);
@@ -353,37 +365,50 @@ static cudaError_t body_RT_MEMINFO(enum gg_hook h, enum gg_rt rt, size_t *free_b
     REAL(meminfo_fn, rt, h);
     cudaError_t r = real(free_b, total_b);
     if (r == cudaSuccess && gg_enter()) {
-        gg_guard_meminfo(gg_device_count == 1 ? 0 : gg_runtime_device(rt), free_b, total_b);
+        int dev = gg_device_count == 1 ? 0 : gg_runtime_device(rt);
+        gg_guard_meminfo(dev, free_b, total_b);
+        if (gg_tracing() && free_b && total_b)
+            gg_trace_meminfo(gg_hooks[h].journal, dev, *free_b, *total_b);
         gg_leave();
     }
     return r;
 }
 
 /* Driver entry points: PyTorch's expandable segments, CuPy. The plain form
- * asks at the runtime's own version. */
+ * asks at the runtime's own version. A hook handed out is traced with the
+ * module that asked (ra). */
+static void *entry_handed(const char *sym, void *fn, unsigned long long flags, int version,
+                          uintptr_t ra)
+{
+    void *hook = gg_hook_driver_entry(sym, fn, flags, version);
+    if ((gg_tracing() || gg_trace_early()) && gg_hook_driver_is_hook(hook))
+        gg_trace_lookup("entry", sym, version, flags, ra);
+    return hook;
+}
+
 typedef cudaError_t (*entry_fn)(const char *, void **, unsigned long long,
                                 enum cudaDriverEntryPointQueryResult *);
-static cudaError_t body_RT_ENTRY(enum gg_hook h, enum gg_rt rt, const char *sym,
+static cudaError_t body_RT_ENTRY(enum gg_hook h, enum gg_rt rt, uintptr_t ra, const char *sym,
                                  void **fn, unsigned long long flags,
                                  enum cudaDriverEntryPointQueryResult *st)
 {
     REAL(entry_fn, rt, h);
     cudaError_t r = real(sym, fn, flags, st);
     if (r == cudaSuccess && fn && *fn)
-        *fn = gg_hook_driver_entry(sym, *fn, flags, gg_runtime_version(rt));
+        *fn = entry_handed(sym, *fn, flags, gg_runtime_version(rt), ra);
     return r;
 }
 
 typedef cudaError_t (*entry_v_fn)(const char *, void **, unsigned int, unsigned long long,
                                   enum cudaDriverEntryPointQueryResult *);
-static cudaError_t body_RT_ENTRY_V(enum gg_hook h, enum gg_rt rt, const char *sym,
+static cudaError_t body_RT_ENTRY_V(enum gg_hook h, enum gg_rt rt, uintptr_t ra, const char *sym,
                                    void **fn, unsigned int version, unsigned long long flags,
                                    enum cudaDriverEntryPointQueryResult *st)
 {
     REAL(entry_v_fn, rt, h);
     cudaError_t r = real(sym, fn, version, flags, st);
     if (r == cudaSuccess && fn && *fn)
-        *fn = gg_hook_driver_entry(sym, *fn, flags, (int)version);
+        *fn = entry_handed(sym, *fn, flags, (int)version, ra);
     return r;
 }
 
@@ -498,8 +523,8 @@ static void **body_RT_REGISTER(enum gg_hook h, enum gg_rt rt, void *fat_cubin)
 #define RA_RT_FREE_ARRAY
 #define RA_RT_FREE_MIPMAP
 #define RA_RT_MEMINFO
-#define RA_RT_ENTRY
-#define RA_RT_ENTRY_V
+#define RA_RT_ENTRY RA_YES
+#define RA_RT_ENTRY_V RA_YES
 #define RA_RT_REGISTER
 
 /* The copy for unversioned callers: export@@GPUGUARD_CUDART, the default.

@@ -36,6 +36,10 @@ void *gg_hook_driver_lookup(const char *name, void *real, unsigned long long fla
 /* Is `name` the exported name of a hooked driver function (or its _ptsz)? */
 bool gg_hook_driver_wanted(const char *name);
 
+/* Is fn one of the shim's driver hooks? (A driver whose own tables hold
+ * the shim's exports hands them out itself: the fake one does.) */
+bool gg_hook_driver_is_hook(const void *fn);
+
 /* For cudaGetDriverEntryPoint[ByVersion]: the hook for a looked-up pointer
  * `fn` of `symbol`, asked at `version` (the runtime's own for the plain
  * form; <= 0: unknown). */

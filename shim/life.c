@@ -29,6 +29,7 @@
 #include "steps.h"
 #include "symbolize.h"
 #include "ticker.h"
+#include "trace.h"
 
 _Atomic int gg_state = GG_STATE_UNSTARTED;
 GG_TLS int gg_depth;
@@ -157,6 +158,7 @@ static void child_after_fork(void)
     gg_guard_after_fork();
     gg_symbolize_after_fork();
     gg_ticker_after_fork();
+    gg_trace_after_fork();
     gg_journal_drop();
 }
 
@@ -213,6 +215,13 @@ static bool start(void)
     gethostname(host, sizeof host - 1);
     bool open = gg_journal_open(gg_device_policy(0)->s.journal_dir, comm, proc.rank);
     gg_events_start(comm, host, proc.rank);
+    if (proc.trace[0]) { /* GPUGUARD_TRACE: every call, for golden traces (trace.h) */
+        gg_trace_open(proc.trace);
+        for (int i = 0; i < n; i++)
+            if (gg_device(i))
+                gg_trace_device(i, gg_devices[i].name, gg_devices[i].total,
+                                gg_devices[i].cc_major, gg_devices[i].cc_minor);
+    }
     gg_react_python();
     gg_journal_release(open);
     if (open)

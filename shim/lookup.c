@@ -19,6 +19,7 @@
 #include "hooks.h"
 #include "prim.h"
 #include "settings.h"
+#include "trace.h"
 
 /* Does `real` lie in a CUDA runtime (libcudart.so.13, a vendored
  * libcudart-1a2b3c4d.so.12)? */
@@ -32,7 +33,15 @@ static bool in_runtime(void *real)
     return strncmp(base, "libcudart", 9) == 0;
 }
 
-static GG_NO_SANITIZE void *filter(void *handle, const char *name)
+/* A runtime's hook handed out: traced (trace.h). */
+static void *handed(void *hook, const char *name, uintptr_t caller)
+{
+    if (hook && (gg_tracing() || gg_trace_early()))
+        gg_trace_lookup("dlsym", name, -1, 0, caller);
+    return hook;
+}
+
+static GG_NO_SANITIZE void *filter(void *handle, const char *name, uintptr_t caller)
 {
     if (!name || name[0] != 'c' || name[1] != 'u' || handle == RTLD_NEXT)
         return NULL;
@@ -43,7 +52,8 @@ static GG_NO_SANITIZE void *filter(void *handle, const char *name)
         if (handle == RTLD_DEFAULT || !gg_hook_runtime_wanted(name))
             return NULL; /* the default scope finds the shim's own export */
         void *real = gg_real_dlsym(handle, name);
-        return real && in_runtime(real) ? gg_hook_runtime_lookup(name, real) : NULL;
+        return handed(real && in_runtime(real) ? gg_hook_runtime_lookup(name, real) : NULL, name,
+                      caller);
     }
     if (!gg_hooks_driver_enabled() || !gg_hook_driver_wanted(name))
         return NULL;
@@ -57,7 +67,10 @@ static GG_NO_SANITIZE void *filter(void *handle, const char *name)
         if (gg_driver_open(false, why, sizeof why) != 0 || !gg_driver_contains(real))
             return NULL;
     }
-    return gg_hook_driver_lookup(name, real, 0, -1);
+    void *hook = gg_hook_driver_lookup(name, real, 0, -1);
+    if ((gg_tracing() || gg_trace_early()) && gg_hook_driver_is_hook(hook))
+        gg_trace_lookup("dlsym", name, -1, 0, caller);
+    return hook;
 }
 
 __attribute__((constructor)) static void register_filter(void)

@@ -167,10 +167,11 @@ static inline uint64_t gg_hash_bytes(const void *p, size_t n)
 void *gg_real_dlsym(void *handle, const char *name);
 
 /* The filter behind the shim's dlsym trampoline (trampoline.c): called with
- * the lookup's arguments, it returns the pointer to hand out instead, or
- * NULL to let the real dlsym answer with the caller's own frame. Registered
- * by the layer that knows what to hook; NULL until then. */
-typedef void *(*gg_dlsym_filter_fn)(void *handle, const char *name);
+ * the lookup's arguments and the caller's return address, it returns the
+ * pointer to hand out instead, or NULL to let the real dlsym answer with the
+ * caller's own frame. Registered by the layer that knows what to hook; NULL
+ * until then. */
+typedef void *(*gg_dlsym_filter_fn)(void *handle, const char *name, uintptr_t caller);
 void gg_dlsym_set_filter(gg_dlsym_filter_fn fn);
 
 #endif /* GG_PRIM_H */

@@ -27,12 +27,12 @@ void gg_dlsym_set_filter(gg_dlsym_filter_fn fn)
 
 /* Called by the trampoline: makes sure it has the real dlsym to jump to, and
  * asks the filter. Runs before a sanitizer's runtime is ready. */
-GG_HIDDEN void *gg_trampoline_enter(void *handle, const char *name);
-GG_NO_SANITIZE void *gg_trampoline_enter(void *handle, const char *name)
+GG_HIDDEN void *gg_trampoline_enter(void *handle, const char *name, uintptr_t caller);
+GG_NO_SANITIZE void *gg_trampoline_enter(void *handle, const char *name, uintptr_t caller)
 {
     (void)gg_real_dlsym_resolve();
     gg_dlsym_filter_fn f = atomic_load_explicit(&filter, memory_order_acquire);
-    return f ? f(handle, name) : NULL;
+    return f ? f(handle, name, caller) : NULL;
 }
 
 #if defined(__x86_64__)
@@ -48,6 +48,7 @@ __asm__(".text\n"
         ".cfi_adjust_cfa_offset 8\n"
         "    subq $8, %rsp\n"
         ".cfi_adjust_cfa_offset 8\n"
+        "    movq 24(%rsp), %rdx\n" /* the caller's return address: who looks up */
         "    call gg_trampoline_enter\n"
         "    addq $8, %rsp\n"
         ".cfi_adjust_cfa_offset -8\n"
@@ -73,6 +74,7 @@ __asm__(".text\n"
         ".cfi_offset 30, -24\n"
         "    mov x29, sp\n"
         "    stp x0, x1, [sp, #16]\n"
+        "    mov x2, x30\n" /* the caller's return address: who looks up */
         "    bl gg_trampoline_enter\n"
         "    mov x2, x0\n"
         "    ldp x0, x1, [sp, #16]\n"

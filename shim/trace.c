@@ -1,0 +1,224 @@
+/* trace.c - layer 4: the call trace (see trace.h). */
+#include "trace.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "callers.h"
+#include "pools.h"
+#include "settings.h"
+
+_Atomic int gg_trace_fd = -1;
+
+/* Lookups made before the shim starts (a runtime resolving its driver when
+ * it loads, a framework taking its driver functions at import): kept here,
+ * when a trace is asked for, and written first when it opens. */
+#define EARLY 128
+static gg_spin early_lock = GG_SPIN_INIT;
+static char early[EARLY][160];
+static int nearly, early_lost;
+static _Atomic int early_state; /* 0: not asked yet; 1: keep them; 2: do not */
+
+/* "%p" in the path becomes the pid. */
+static bool expand(const char *path, char *out, size_t cap)
+{
+    size_t n = 0;
+    for (const char *p = path; *p; p++) {
+        char pid[24];
+        const char *piece = p;
+        size_t len = 1;
+        if (p[0] == '%' && p[1] == 'p') {
+            len = (size_t)snprintf(pid, sizeof pid, "%d", (int)getpid());
+            piece = pid;
+            p++;
+        }
+        if (n + len >= cap)
+            return false;
+        memcpy(out + n, piece, len);
+        n += len;
+    }
+    out[n] = '\0';
+    return true;
+}
+
+static void put(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void put(const char *fmt, ...)
+{
+    int fd = atomic_load_explicit(&gg_trace_fd, memory_order_relaxed);
+    if (fd < 0)
+        return;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    if (n <= 0)
+        return;
+    if ((size_t)n > sizeof line - 2)
+        n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    if (!gg_write_all(fd, line, (size_t)n)) {
+        /* A trace with a hole would replay wrong: stop, said once. */
+        atomic_store(&gg_trace_fd, -1);
+        gg_say("cannot write the trace (%s); tracing stops", strerror(errno));
+    }
+}
+
+/* Is a trace asked for (GPUGUARD_TRACE, read once)? Before the start only. */
+static bool early_wanted(void)
+{
+    int st = atomic_load_explicit(&early_state, memory_order_acquire);
+    if (st == 0) {
+        char v[8];
+        bool too_long = false;
+        const char *env = gg_setting_info[GG_SET_trace].env;
+        st = gg_env_copy(env, v, sizeof v, &too_long) || too_long ? 1 : 2;
+        int expected = 0;
+        atomic_compare_exchange_strong(&early_state, &expected, st);
+        st = atomic_load(&early_state);
+    }
+    return st == 1;
+}
+
+static void keep_early(const char *line)
+{
+    gg_spin_lock(&early_lock);
+    if (nearly < EARLY)
+        snprintf(early[nearly++], sizeof early[0], "%s", line);
+    else
+        early_lost++;
+    gg_spin_unlock(&early_lock);
+}
+
+void gg_trace_open(const char *path)
+{
+    char name[GG_PATH_MAX];
+    if (!path || !*path)
+        return;
+    if (!expand(path, name, sizeof name)) {
+        gg_say("GPUGUARD_TRACE: the file name is too long; no trace");
+        return;
+    }
+    int fd = gg_file_create(name);
+    if (fd < 0) {
+        gg_say("GPUGUARD_TRACE: cannot create %s (%s); no trace", name, strerror(errno));
+        return;
+    }
+    atomic_store(&gg_trace_fd, fd);
+    put("gpuguard-trace 1 pid=%d", (int)getpid());
+    gg_spin_lock(&early_lock);
+    atomic_store(&early_state, 2); /* from now on lines go to the file */
+    for (int i = 0; i < nearly; i++)
+        put("%s", early[i]);
+    if (early_lost)
+        put("# %d lookups before the start were not kept", early_lost);
+    nearly = early_lost = 0;
+    gg_spin_unlock(&early_lock);
+}
+
+void gg_trace_device(int dev, const char *name, uint64_t total, int cc_major, int cc_minor)
+{
+    put("device %d %llu %d.%d %s", dev, (unsigned long long)total, cc_major, cc_minor, name);
+}
+
+static long tid(void)
+{
+    return (long)gettid();
+}
+
+void gg_trace_alloc(const char *api, int dev, uint64_t bytes, uintptr_t key, int result,
+                    bool refused, unsigned pool)
+{
+    char res[16], extra[40] = "";
+    struct gg_pool_figures f;
+    if (refused)
+        snprintf(res, sizeof res, "refused");
+    else
+        snprintf(res, sizeof res, "%d", result);
+    if (pool != GG_POOL_NONE && gg_pools_figures(pool, &f))
+        snprintf(extra, sizeof extra, " pool=%#llx", (unsigned long long)f.handle);
+    put("alloc %s %d %llu %#llx %s t=%ld%s", api, dev, (unsigned long long)bytes,
+        (unsigned long long)key, res, tid(), extra);
+}
+
+void gg_trace_free(const char *api, uintptr_t key)
+{
+    put("free %s %#llx t=%ld", api, (unsigned long long)key, tid());
+}
+
+void gg_trace_free_failed(const char *api, uintptr_t key, int result)
+{
+    put("freefail %s %#llx %d", api, (unsigned long long)key, result);
+}
+
+void gg_trace_map(uintptr_t va, uint64_t size, uint64_t handle, int result)
+{
+    put("map %#llx %llu %#llx %d", (unsigned long long)va, (unsigned long long)size,
+        (unsigned long long)handle, result);
+}
+
+void gg_trace_unmap(uintptr_t va, uint64_t size, int result)
+{
+    put("unmap %#llx %llu %d", (unsigned long long)va, (unsigned long long)size, result);
+}
+
+void gg_trace_release(uint64_t handle, int result)
+{
+    put("release %#llx %d", (unsigned long long)handle, result);
+}
+
+void gg_trace_pool(const char *op, uint64_t pool, long long arg, int result)
+{
+    put("pool %s %#llx %lld %d", op, (unsigned long long)pool, arg, result);
+}
+
+void gg_trace_pool_attr(uint64_t pool, int attr, unsigned long long value, int result)
+{
+    put("pool attr %#llx %d=%llu %d", (unsigned long long)pool, attr, value, result);
+}
+
+void gg_trace_meminfo(const char *api, int dev, uint64_t free_b, uint64_t total_b)
+{
+    put("meminfo %s %d %llu %llu", api, dev, (unsigned long long)free_b,
+        (unsigned long long)total_b);
+}
+
+void gg_trace_lookup(const char *via, const char *name, int version, unsigned long long flags,
+                     uintptr_t caller)
+{
+    char module[128];
+    if (!gg_callers_module(caller, module, sizeof module))
+        snprintf(module, sizeof module, "?");
+    for (char *c = module; *c; c++)
+        if (*c == ' ')
+            *c = '_';
+    if (atomic_load_explicit(&gg_trace_fd, memory_order_relaxed) < 0) {
+        char line[160];
+        snprintf(line, sizeof line, "lookup %s %s %d %llu %s", via, name, version, flags, module);
+        keep_early(line);
+        return;
+    }
+    put("lookup %s %s %d %llu %s", via, name, version, flags, module);
+}
+
+bool gg_trace_early(void)
+{
+    return atomic_load_explicit(&early_state, memory_order_relaxed) != 2 && early_wanted();
+}
+
+void gg_trace_api(const char *what, long long a, long long b)
+{
+    if (!strcmp(what, "batch"))
+        put("batch %lld %lld", a, b);
+    else
+        put("%s %lld", what, a);
+}
+
+void gg_trace_after_fork(void)
+{
+    atomic_store(&gg_trace_fd, -1);
+    atomic_store(&early_state, 2);
+    gg_spin_reset(&early_lock);
+}
