@@ -4,6 +4,9 @@
 #   make test         every test (no GPU needed); SANITIZE=1 for ASan+UBSan
 #   make test-tsan    the threaded unit tests under ThreadSanitizer
 #   make test-gpu     real PyTorch steps on a GPU (skips without one)
+#   make torch-rig    build the real-PyTorch rig once (tests/torch: ~5 min, ~4.5 GB)
+#   make test-torch   only the real-PyTorch tests (needs the rig)
+#   make torch-traces record the golden traces (tests/traces) with the rig
 #   make demo         a simulated training run under the guard
 #   make bench        what the shim costs (DESIGN.md section 6)
 #   make fuzz         the libFuzzer harnesses, FUZZ_SECONDS (60) each (needs clang)
@@ -47,7 +50,8 @@ INTERPOSER := hook_runtime hook_driver lookup api trampoline
 CORE_OBJ  := $(filter-out $(patsubst %,$(BUILD)/shim/%.o,$(INTERPOSER)),$(SHIM_OBJ))
 CORE_LIB  := $(BUILD)/libggcore.a
 
-.PHONY: all deps test test-unit test-e2e test-tsan test-gpu demo bench fuzz install clean check-deps
+.PHONY: all deps test test-unit test-e2e test-tsan test-gpu demo bench fuzz install clean check-deps \
+        torch-rig test-torch torch-traces
 all: check-deps $(SHIM_LIB) $(BUILD)/gpuguard-check
 
 # One clear message, with the command that installs what is missing.
@@ -79,6 +83,7 @@ $(BUILD)/shim $(BUILD)/tests/unit $(BUILD)/tests/progs $(BUILD)/fake:
 -include bench/bench.mk
 -include tests/pyframes/pyframes.mk
 -include tests/fuzz/fuzz.mk
+-include tests/traces/traces.mk
 
 # Unit tests: one per module, linked against the core archive.
 UNIT_SRC  := $(sort $(wildcard tests/unit/test_*.c))
@@ -95,7 +100,7 @@ $(BUILD)/tests/progs/%: tests/progs/%.c tests/progs/size.h $(FAKE_CUDART) | $(BU
 	  -L$(BUILD)/fake -l:libcudart.so.13 -Wl,-rpath,'$$ORIGIN/../../fake' -ldl -lpthread
 
 TEST_DEPS := $(SHIM_LIB) $(BUILD)/gpuguard-check $(FAKE_LIBS) $(UNIT_BIN) $(PROG_BIN) \
-             $(PYFRAMES_TEST) $(FUZZ_BIN)
+             $(PYFRAMES_TEST) $(FUZZ_BIN) $(REPLAY)
 
 test: deps
 	@$(MAKE) --no-print-directory $(TEST_DEPS)
@@ -118,6 +123,20 @@ test-tsan: deps
 test-gpu: all
 	@GG_BUILD=$(BUILD) $(PYTHON) tests/gpu/run_gpu.py
 
+# Real PyTorch 2.6 (Debian's CUDA build) on the fake GPU: the rig is a
+# chroot outside the work tree (tests/torch/README.md); `make test` runs its
+# tests when it is built.
+torch-rig:
+	@tests/torch/rig build
+
+test-torch: deps
+	@$(MAKE) --no-print-directory $(TEST_DEPS)
+	@GG_BUILD=$(BUILD) GG_SANITIZE=$(SANITIZE) $(PYTHON) tests/run.py --torch
+
+torch-traces: all
+	@$(MAKE) --no-print-directory $(FAKE_LIBS)
+	@GG_BUILD=$(BUILD) $(PYTHON) tests/torch/record_traces.py
+
 demo: deps
 	@$(MAKE) --no-print-directory $(SHIM_LIB) $(FAKE_LIBS)
 	@GG_BUILD=$(BUILD) $(PYTHON) tools/demo/demo.py
@@ -126,6 +145,7 @@ bench: deps
 	@$(MAKE) --no-print-directory OPT=-O2 $(SHIM_LIB) $(FAKE_LIBS) $(BUILD)/bench/bench
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/run.py
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/report_bench.py
+	@GG_BUILD=$(BUILD) $(PYTHON) bench/torch_step.py
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin \
