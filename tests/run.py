@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Run every gpuguard test and end with the line CI reads: "N passed, N failed".
 
-  tests/run.py            unit tests, end-to-end tests, Python helper tests
+  tests/run.py            unit tests, end-to-end tests, Python helper tests, and the
+                          real-PyTorch tests where the rig is built (tests/torch)
   tests/run.py --unit     only the C unit tests
   tests/run.py --e2e      only the end-to-end and Python tests
+  tests/run.py --torch    only the real-PyTorch tests (tests/torch)
   tests/run.py -k NAME    only tests whose name contains NAME
 
 The build directory comes from GG_BUILD (default build); GG_SANITIZE=1 means
@@ -64,17 +66,26 @@ class Result(unittest.TextTestResult):
         super().startTest(test)
 
 
-def run_python(pattern):
+def run_python(pattern, only_torch=False):
     loader = unittest.TestLoader()
     if pattern:
         loader.testNamePatterns = [f"*{pattern}*"]
     suite = unittest.TestSuite()
     sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
     sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
-    suite.addTests(loader.discover(os.path.join(ROOT, "tests", "e2e"), top_level_dir=os.path.join(ROOT, "tests", "e2e")))
+    if not only_torch:
+        suite.addTests(loader.discover(os.path.join(ROOT, "tests", "e2e"), top_level_dir=os.path.join(ROOT, "tests", "e2e")))
     helper_tests = os.path.join(ROOT, "tools", "python", "tests")
-    if os.path.isdir(helper_tests):
+    if os.path.isdir(helper_tests) and not only_torch:
         suite.addTests(loader.discover(helper_tests, top_level_dir=os.path.join(ROOT, "tools", "python")))
+    # Real PyTorch (tests/torch): only where the rig is built; else one line.
+    torch_tests = os.path.join(ROOT, "tests", "torch")
+    sys.path.insert(0, torch_tests)
+    import torchrig
+    if torchrig.rig_root():
+        suite.addTests(loader.discover(torch_tests, top_level_dir=torch_tests))
+    else:
+        print("real-PyTorch tests (tests/torch): not run, " + torchrig.HOW)
     runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=2, resultclass=Result)
     result = runner.run(suite)
     failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
@@ -87,17 +98,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--unit", action="store_true")
     ap.add_argument("--e2e", action="store_true")
+    ap.add_argument("--torch", action="store_true")
     ap.add_argument("-k", dest="pattern")
     args = ap.parse_args()
-    both = not args.unit and not args.e2e
+    both = not args.unit and not args.e2e and not args.torch
     build = os.path.join(ROOT, os.environ.get("GG_BUILD", "build"))
     os.environ["GG_BUILD"] = build
     passed = failed = skipped = 0
     if args.unit or both:
         p, f = run_unit(build, args.pattern)
         passed, failed = passed + p, failed + f
-    if args.e2e or both:
-        p, f, s = run_python(args.pattern)
+    if args.e2e or args.torch or both:
+        p, f, s = run_python(args.pattern, only_torch=args.torch)
         passed, failed, skipped = passed + p, failed + f, skipped + s
     line = f"{passed} passed, {failed} failed"
     if skipped:

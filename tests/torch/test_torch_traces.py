@@ -1,0 +1,60 @@
+"""The golden traces are what real PyTorch does now: a scenario recorded
+again in the rig (shim with GPUGUARD_TRACE, then tests/traces/tracefmt.py)
+makes the same calls as the committed trace, and replays through the light
+fake stack (tests/e2e/test_traces.py's way) with the journal it had."""
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "e2e"))
+
+import record_traces  # noqa: E402
+from torchrig import ROOT, TorchCase  # noqa: E402
+
+TRACES = os.path.join(ROOT, "tests", "traces")
+
+CALLS = ("lookup", "alloc", "free", "map", "unmap", "release", "pool", "meminfo", "step", "batch", "ack")
+
+
+def calls(path):
+    with open(path) as f:
+        return [l.rstrip("\n") for l in f if l.split(" ", 1)[0] in CALLS]
+
+
+class RecordedAgain(TorchCase):
+    def again(self, name):
+        run, torch_kv = record_traces.record(name, self.tmp)
+        out = os.path.join(self.tmp, name + ".trace")
+        record_traces.make_golden(name, run, torch_kv, "this test", out)
+        return out
+
+    def test_the_committed_traces_are_what_pytorch_does_now(self):
+        for name in ("oom-default", "train-expandable", "oom-async"):
+            with self.subTest(trace=name):
+                fresh = self.again(name)
+                committed = os.path.join(TRACES, name + ".trace")
+                self.assertEqual(calls(fresh), calls(committed),
+                                 "%s differs from what PyTorch does now: `make torch-traces` "
+                                 "records it again" % committed)
+
+    def test_a_fresh_trace_replays(self):
+        import gg
+        import test_traces
+
+        class Replay(gg.Case):
+            def runTest(self):
+                pass
+
+        case = Replay()
+        case.setUp()
+        fresh = self.again("helper-grow")
+        run, h = test_traces.replay(case, fresh)
+        self.assertEqual(run.rc, 0, run.out[-3000:])
+        want = test_traces.fields(h["expect"][0])
+        want.pop("dev")
+        got = run.summary()
+        for k, v in want.items():
+            self.assertEqual(got[k], int(v), k)
+        self.assertTrue(run.of("advice"))  # the trainer's calls replayed: the same advice

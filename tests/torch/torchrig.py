@@ -1,0 +1,218 @@
+"""Real PyTorch on the fake GPU: run a script in the rig's chroot (tests/torch/rig),
+under the shim or not, and read what it printed and what the shim left.
+
+The rig holds Debian's PyTorch 2.6 CUDA build; each test session copies
+into it, under /tmp, the shim and the fake CUDA stack built from the
+checkout ($GG_BUILD), the Python helper and tests/torch/scripts. A run is
+``chroot ROOT env -i ... python3 SCRIPT`` with /proc mounted in a private
+mount namespace, the fakes first on LD_LIBRARY_PATH (they take the place of
+libcudart.so.12, libcuda.so.1, NVML, cuBLAS and cuDNN), and the run's own
+directory for journals and traces. Scripts print ``RESULT {json}`` lines.
+"""
+import atexit
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BUILD = os.environ.get("GG_BUILD") or os.path.join(ROOT, "build")
+if not os.path.isabs(BUILD):
+    BUILD = os.path.join(ROOT, BUILD)
+SANITIZE = os.environ.get("GG_SANITIZE", "")
+RIG = os.path.join(HERE, "rig")
+
+GiB = 1 << 30
+MiB = 1 << 20
+RTX3090 = "NVIDIA GeForce RTX 3090,24GiB,8.6"
+RTX5090 = "NVIDIA GeForce RTX 5090,32GiB,12.0"
+
+HOW = ("no real-PyTorch rig: `make torch-rig` builds it once (~5 min, ~4.5 GB under "
+       "/var/cache/gpuguard, needs root and Debian's archive)")
+
+_rig = None
+
+
+def rig_root():
+    """The chroot's directory, or None when the rig is not built."""
+    global _rig
+    if _rig is None:
+        out = subprocess.run([RIG, "path"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        _rig = out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else ""
+    return _rig or None
+
+
+def sanitizer_libs():
+    """Under ASan the sanitizer runtimes go first, copied from the host."""
+    if SANITIZE != "1":
+        return []
+    libs = []
+    for name in ("libasan.so", "libubsan.so"):
+        out = subprocess.run(["cc", "-print-file-name=" + name], stdout=subprocess.PIPE, text=True)
+        path = os.path.realpath(out.stdout.strip())
+        if os.path.isfile(path):
+            libs.append(path)
+    return libs
+
+
+class Session:
+    """What a test session installs into the chroot: /tmp/gg-XXXX/{lib,python,scripts}."""
+
+    def __init__(self, root):
+        self.root = root
+        self.host_dir = tempfile.mkdtemp(prefix="gg-", dir=os.path.join(root, "tmp"))
+        os.chmod(self.host_dir, 0o755)
+        self.dir = "/" + os.path.relpath(self.host_dir, root)
+        lib = os.path.join(self.host_dir, "lib")
+        os.makedirs(lib)
+        shutil.copy2(os.path.join(BUILD, "libgpuguard.so"), lib)
+        for f in glob.glob(os.path.join(BUILD, "fake", "lib*.so*")):
+            if not f.endswith(".map"):
+                shutil.copy2(f, lib, follow_symlinks=False)
+        self.sanitizers = []
+        for f in sanitizer_libs():
+            shutil.copy2(f, lib)
+            self.sanitizers.append(self.dir + "/lib/" + os.path.basename(f))
+        shutil.copytree(os.path.join(ROOT, "tools", "python", "gpuguard"),
+                        os.path.join(self.host_dir, "python", "gpuguard"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(os.path.join(HERE, "scripts"), os.path.join(self.host_dir, "scripts"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(os.path.join(ROOT, "policy"), os.path.join(self.host_dir, "policy"))
+        self.shim = self.dir + "/lib/libgpuguard.so"
+        atexit.register(shutil.rmtree, self.host_dir, True)
+
+    def inside(self, host_path):
+        """The chroot's name for a host path under the rig."""
+        return "/" + os.path.relpath(host_path, self.root)
+
+
+_session = None
+
+
+def session():
+    global _session
+    root = rig_root()
+    if root is None:
+        raise unittest.SkipTest(HOW)
+    if _session is None:
+        _session = Session(root)
+    return _session
+
+
+class Run:
+    """One script run: exit status, output, RESULT lines, journal events, trace."""
+
+    def __init__(self, proc, host_dir):
+        self.rc = proc.returncode
+        self.out = proc.stdout
+        self.err = proc.stderr
+        self.dir = host_dir
+        self.results = [json.loads(l[7:]) for l in self.out.splitlines() if l.startswith("RESULT ")]
+        self.files = sorted(glob.glob(os.path.join(host_dir, "gpuguard.*.jsonl")))
+        self.events = []
+        for f in self.files:
+            with open(f) as fh:
+                self.events += [json.loads(l) for l in fh if l.strip()]
+        self.traces = sorted(glob.glob(os.path.join(host_dir, "trace.*")))
+
+    def result(self, kind):
+        found = [r for r in self.results if r.get("kind") == kind]
+        assert found, "no RESULT of kind %s in:\n%s\n%s" % (kind, self.out[-3000:], self.err[-3000:])
+        return found[-1]
+
+    def of(self, ev):
+        return [e for e in self.events if e["ev"] == ev]
+
+    def summary(self, dev=0):
+        s = self.of("summary")
+        assert len(s) == 1, "expected one summary, got %d: %s" % (len(s), self.err[-2000:])
+        return s[0]["devices"][dev]
+
+
+def run(script, *args, preload=True, devices=RTX3090, policy=None, env=None, trace=False,
+        timeout=600, parent=None):
+    """Run tests/torch/scripts/SCRIPT with ARGS in the chroot, in a fresh
+    directory under `parent` (a host directory in the rig; default the
+    session's); a Run."""
+    s = session()
+    run_dir = tempfile.mkdtemp(prefix="r-", dir=parent or s.host_dir)
+    os.chmod(run_dir, 0o777)
+    inner = s.inside(run_dir)
+    e = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": inner,
+        "LANG": "C.UTF-8",
+        "LD_LIBRARY_PATH": s.dir + "/lib",
+        "PYTHONPATH": s.dir + "/python:" + s.dir + "/scripts",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "FAKECUDA_DEVICES": devices,
+        "GPUGUARD_JOURNAL_DIR": inner,
+        "GPUGUARD_POLICY": policy or (s.dir + "/policy"),
+    }
+    if SANITIZE == "1":
+        e["ASAN_OPTIONS"] = "detect_leaks=0:verify_asan_link_order=0"
+        e["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1"
+    if trace:
+        e["GPUGUARD_TRACE"] = inner + "/trace.%p"
+    if preload:
+        e["LD_PRELOAD"] = ":".join(s.sanitizers + [s.shim])
+    e.update({k: str(v) for k, v in (env or {}).items()})
+    argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+            'mount -t proc proc "$0/proc" && exec chroot "$0" "$@"', s.root,
+            "/bin/sh", "-c", 'cd "$0" && exec "$@"', inner,
+            "/usr/bin/env", "-i"] + ["%s=%s" % kv for kv in sorted(e.items())] + [
+            "/usr/bin/python3", s.dir + "/scripts/" + script] + [str(a) for a in args]
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=timeout)
+    return Run(proc, run_dir)
+
+
+def write_policy(directory, name, text):
+    """A policy file in a host directory of the rig; its name inside."""
+    path = os.path.join(directory, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return session().inside(path)
+
+
+class TorchCase(unittest.TestCase):
+    """A test that runs real PyTorch in the rig; skipped, saying how, without one."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.sess = session()
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="t-", dir=self.sess.host_dir)
+        os.chmod(self.tmp, 0o777)
+
+    def write_policy(self, name, text):
+        return write_policy(self.tmp, name, text)
+
+    def torch(self, script, *args, **kw):
+        """Run tests/torch/scripts/SCRIPT with ARGS in the chroot; a Run."""
+        return run(script, *args, parent=self.tmp, **kw)
+
+    def assertRan(self, run):
+        self.assertEqual(run.rc, 0, "exit %d\n--- stdout\n%s\n--- stderr\n%s" %
+                         (run.rc, run.out[-4000:], run.err[-4000:]))
+        for marker in ("ERROR: AddressSanitizer", "runtime error:"):
+            self.assertNotIn(marker, run.err)
+
+
+def format_size(n):
+    """PyTorch's format_size (c10/cuda/CUDACachingAllocator.cpp): its OOM text."""
+    if n <= 1024:
+        return "%d bytes" % n
+    if n <= 1048576:
+        return "%.2f KiB" % (n / 1024.0)
+    if n <= 1073741824:
+        return "%.2f MiB" % (n / 1048576.0)
+    return "%.2f GiB" % (n / 1073741824.0)
