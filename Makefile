@@ -7,7 +7,8 @@
 #   make torch-rig    build the real-PyTorch rig once (tests/torch: ~5 min, ~4.5 GB)
 #   make test-torch   only the real-PyTorch tests (needs the rig)
 #   make torch-traces record the golden traces (tests/traces) with the rig
-#   make demo         a simulated training run under the guard
+#   make demo         a simulated training run under the guard (TORCH=real:
+#                     real PyTorch 2.6 on the fake GPU, with the rig)
 #   make bench        what the shim costs (DESIGN.md section 6)
 #   make fuzz         the libFuzzer harnesses, FUZZ_SECONDS (60) each (needs clang)
 #   make install PREFIX=/usr/local DESTDIR=
@@ -137,9 +138,10 @@ torch-traces: all
 	@$(MAKE) --no-print-directory $(FAKE_LIBS)
 	@GG_BUILD=$(BUILD) $(PYTHON) tests/torch/record_traces.py
 
+# TORCH=real: the same story with real PyTorch 2.6 on the fake GPU (the rig).
 demo: deps
 	@$(MAKE) --no-print-directory $(SHIM_LIB) $(FAKE_LIBS)
-	@GG_BUILD=$(BUILD) $(PYTHON) tools/demo/demo.py
+	@GG_BUILD=$(BUILD) $(PYTHON) tools/demo/demo.py $(if $(filter real,$(TORCH)),--rig)
 
 bench: deps
 	@$(MAKE) --no-print-directory OPT=-O2 $(SHIM_LIB) $(FAKE_LIBS) $(BUILD)/bench/bench

@@ -62,7 +62,8 @@ def sanitizer_libs():
 
 
 class Session:
-    """What a test session installs into the chroot: /tmp/gg-XXXX/{lib,python,scripts}."""
+    """What a session installs into the chroot, under /tmp/gg-XXXX: lib (the
+    shim and the fakes), python (the helper), scripts, policy, demo."""
 
     def __init__(self, root):
         self.root = root
@@ -85,6 +86,8 @@ class Session:
         shutil.copytree(os.path.join(HERE, "scripts"), os.path.join(self.host_dir, "scripts"),
                         ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copytree(os.path.join(ROOT, "policy"), os.path.join(self.host_dir, "policy"))
+        shutil.copytree(os.path.join(ROOT, "tools", "demo"), os.path.join(self.host_dir, "demo"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
         self.shim = self.dir + "/lib/libgpuguard.so"
         atexit.register(shutil.rmtree, self.host_dir, True)
 
@@ -136,39 +139,45 @@ class Run:
         return s[0]["devices"][dev]
 
 
-def run(script, *args, preload=True, devices=RTX3090, policy=None, env=None, trace=False,
-        timeout=600, parent=None):
-    """Run tests/torch/scripts/SCRIPT with ARGS in the chroot, in a fresh
-    directory under `parent` (a host directory in the rig; default the
-    session's); a Run."""
+def command(argv, inner_dir, preload=True, devices=RTX3090, policy=None, env=None, trace=False):
+    """The host command that runs argv (the chroot's paths) in the rig, in
+    inner_dir (the chroot's name for a directory under the rig), with the
+    fakes in front and, when preload, the shim: the session's own files."""
     s = session()
-    run_dir = tempfile.mkdtemp(prefix="r-", dir=parent or s.host_dir)
-    os.chmod(run_dir, 0o777)
-    inner = s.inside(run_dir)
     e = {
         "PATH": "/usr/bin:/bin",
-        "HOME": inner,
+        "HOME": inner_dir,
         "LANG": "C.UTF-8",
         "LD_LIBRARY_PATH": s.dir + "/lib",
         "PYTHONPATH": s.dir + "/python:" + s.dir + "/scripts",
         "PYTHONDONTWRITEBYTECODE": "1",
         "FAKECUDA_DEVICES": devices,
-        "GPUGUARD_JOURNAL_DIR": inner,
+        "GPUGUARD_JOURNAL_DIR": inner_dir,
         "GPUGUARD_POLICY": policy or (s.dir + "/policy"),
     }
     if SANITIZE == "1":
         e["ASAN_OPTIONS"] = "detect_leaks=0:verify_asan_link_order=0"
         e["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1"
     if trace:
-        e["GPUGUARD_TRACE"] = inner + "/trace.%p"
+        e["GPUGUARD_TRACE"] = inner_dir + "/trace.%p"
     if preload:
         e["LD_PRELOAD"] = ":".join(s.sanitizers + [s.shim])
     e.update({k: str(v) for k, v in (env or {}).items()})
-    argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
             'mount -t proc proc "$0/proc" && exec chroot "$0" "$@"', s.root,
-            "/bin/sh", "-c", 'cd "$0" && exec "$@"', inner,
-            "/usr/bin/env", "-i"] + ["%s=%s" % kv for kv in sorted(e.items())] + [
-            "/usr/bin/python3", s.dir + "/scripts/" + script] + [str(a) for a in args]
+            "/bin/sh", "-c", 'cd "$0" && exec "$@"', inner_dir,
+            "/usr/bin/env", "-i"] + ["%s=%s" % kv for kv in sorted(e.items())] + [str(a) for a in argv]
+
+
+def run(script, *args, timeout=600, parent=None, **kw):
+    """Run tests/torch/scripts/SCRIPT with ARGS in the chroot, in a fresh
+    directory under `parent` (a host directory in the rig; default the
+    session's); a Run. Keywords as command()'s."""
+    s = session()
+    run_dir = tempfile.mkdtemp(prefix="r-", dir=parent or s.host_dir)
+    os.chmod(run_dir, 0o777)
+    argv = command(["/usr/bin/python3", s.dir + "/scripts/" + script] + list(args),
+                   s.inside(run_dir), **kw)
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           timeout=timeout)
     return Run(proc, run_dir)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """gpuguard demo: a training run that outgrows its GPU, without and with the guard.
 
-    GG_BUILD=build python3 tools/demo/demo.py [--simulate | --real] [--out DIR]
+    GG_BUILD=build python3 tools/demo/demo.py [--simulate | --real | --rig] [--out DIR]
 
 `make demo` runs this. The same trainer runs twice as a child process:
 
@@ -25,7 +25,12 @@ RTX 3090, 24 GiB) and "PyTorch" is libtorchlike.so, a caching allocator like
 PyTorch's, driven through ctypes. With `nvidia-smi` and a PyTorch that sees
 CUDA, the trainer is a small real PyTorch model on the real GPU instead, on a
 budget of at most 24 GiB (PyTorch's per-process memory fraction for the
-unguarded run, a gpuguard policy for the guarded one).
+unguarded run, a gpuguard policy for the guarded one). With --rig (`make demo
+TORCH=real`) the same real PyTorch model runs on the fake RTX 3090: Debian's
+PyTorch 2.6 CUDA build in the rig of tests/torch (`make torch-rig`), its
+caching allocator, its OOM, its autograd; the unguarded run dies when the
+fake device is full, the guarded one runs under the shipped
+policy/rtx-3090.ini, as the simulated story does.
 
 Journals and the HTML report go to DIR (default $GG_BUILD/demo). Exit status:
 0 when the story went as it should (the unguarded run died of OOM, the
@@ -423,6 +428,55 @@ def real_setup(build, out_dir):
     return plan, real_plan, env, guarded
 
 
+def rig_setup(build, out_dir):
+    """Real PyTorch 2.6 in the rig (tests/torch) on the fake RTX 3090: the
+    real model sized for the simulated story's 24 GiB, with its CUDA context."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "torch"))
+    import torchrig
+    if not torchrig.rig_root():
+        say("demo: --rig needs the real-PyTorch rig: " + torchrig.HOW)
+        return None
+    per_token = FAKE_PLAN["layers"] * FAKE_PLAN["per_token_layer"]
+    hidden = 2688                          # 16 bytes of state per weight: 6 GiB
+    layers = max(2, int(round(per_token / (8 * hidden))))  # 2 saved fp32 tensors per layer
+    plan = dict(FAKE_PLAN, hidden=hidden, layers=layers)
+    heading("The GPU and the job")
+    say("GPU      NVIDIA GeForce RTX 3090, %s (simulated by tests/fake; CUDA context %s)"
+        % (fmt(24 * GiB), fmt(plan["context"])))
+    say("PyTorch  Debian's python3-torch-cuda 2.6 (CUDA 12.4) in the rig of tests/torch: its own")
+    say("         caching allocator, autograd and OutOfMemoryError; the kernels do not run")
+    say("policy   policy/rtx-3090.ini: headroom 10%% -> limit %s; near_miss 5%% -> the "
+        "near-miss zone starts at %s used" % (fmt(24 * GiB * 9 // 10), fmt(24 * GiB * 85 // 100)))
+    say("model    %d x Linear(%d, %d) + GELU, fp32, Adam: %s of state"
+        % (layers, hidden, hidden, fmt(16 * layers * hidden * hidden)))
+    say("schedule %s, batch %d" % (schedule_text(plan), plan["batch_size"]))
+    return plan, torchrig
+
+
+def rig_trainer(torchrig, plan, out_dir, guarded):
+    """The trainer in the rig: (rc, pid, stderr), its lines relayed."""
+    s = torchrig.session()
+    run_dir = tempfile.mkdtemp(prefix="demo-", dir=s.host_dir)
+    os.chmod(run_dir, 0o777)
+    argv = torchrig.command(["/usr/bin/python3", s.dir + "/demo/demo.py", "--train", "real",
+                             "--build", "-", "--plan", json.dumps(plan)],
+                            s.inside(run_dir), preload=guarded, devices=FAKE_DEVICE,
+                            env={"FAKECUDA_CONTEXT_BYTES": plan["context"], "PYTHONUNBUFFERED": 1})
+    with tempfile.TemporaryFile(mode="w+") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True)
+        for line in proc.stdout:
+            say("  | " + line.rstrip("\n"))
+        proc.wait()
+        err.seek(0)
+        stderr = err.read()
+    pid = None
+    for name in os.listdir(run_dir):  # the journal names the pid inside the chroot
+        if name.startswith("gpuguard.") and name.endswith(".jsonl"):
+            shutil.copy(os.path.join(run_dir, name), out_dir)
+            pid = int(name.rsplit(".", 2)[-2].split("-")[0])
+    return proc.returncode, pid, stderr
+
+
 def find_journal(out_dir, pid):
     for name in sorted(os.listdir(out_dir)):
         if name.startswith("gpuguard.") and name.endswith(".%d.jsonl" % pid):
@@ -443,6 +497,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--simulate", action="store_true", help="the fake GPU even when a real one is here")
     ap.add_argument("--real", action="store_true", help="insist on the real GPU and PyTorch")
+    ap.add_argument("--rig", action="store_true",
+                    help="real PyTorch 2.6 on the fake GPU, in the rig of tests/torch (make torch-rig)")
     ap.add_argument("--out", help="where the journals go (default $GG_BUILD/demo)")
     ap.add_argument("--train", choices=("fake", "real"), help=argparse.SUPPRESS)
     ap.add_argument("--build", help=argparse.SUPPRESS)
@@ -456,8 +512,8 @@ def main():
         build = os.path.join(ROOT, build)  # make runs us from the root; anyone else may not
     build = os.path.abspath(build)
     shim = os.path.join(build, "libgpuguard.so")
-    real = args.real or (not args.simulate and have_real_gpu())
-    needed = [shim] + ([] if real else [os.path.join(build, "fake", "libtorchlike.so")])
+    real = args.real or (not args.simulate and not args.rig and have_real_gpu())
+    needed = [shim] + ([] if real or args.rig else [os.path.join(build, "fake", "libtorchlike.so")])
     missing = [p for p in needed if not os.path.exists(p)]
     if missing:
         say("demo: missing %s; run `make demo` (it builds them)" % ", ".join(missing))
@@ -475,7 +531,15 @@ def main():
     say("with gpuguard, which sees each step's peak on a rising line, it is told a step before")
     say("the near-miss zone to halve its batch: it splits each batch into micro-batches (same")
     say("samples per step) and finishes.")
-    if real:
+    rig = None
+    if args.rig:
+        got = rig_setup(build, out_dir)
+        if got is None:
+            return 1
+        plan, rig = got
+        guarded_plan, env, guarded = plan, {}, {}
+        backend = "real"
+    elif real:
         plan, guarded_plan, env, guarded = real_setup(build, out_dir)
         backend = "real"
     else:
@@ -490,7 +554,10 @@ def main():
     say("$ python3 tools/demo/demo.py --train %s ...   # the trainer: batch %d"
         % (backend, plan["batch_size"]))
     t0 = time.time()
-    rc1, _, err1 = run_trainer(backend, plan, build, env, out_dir)
+    if rig:
+        rc1, _, err1 = rig_trainer(rig, plan, out_dir, guarded=False)
+    else:
+        rc1, _, err1 = run_trainer(backend, plan, build, env, out_dir)
     died = rc1 not in (0, None) and "out of memory" in err1
     if died:
         say("=> it died: %s" % last_error_line(err1))
@@ -503,15 +570,18 @@ def main():
             say("   " + line)
 
     heading("Run 2: the same trainer under gpuguard")
-    say("$ LD_PRELOAD=%s python3 tools/demo/demo.py --train %s ..."
-        % (os.path.relpath(shim, ROOT), backend))
+    say("$ LD_PRELOAD=%s python3 tools/demo/demo.py --train %s ...%s"
+        % (os.path.relpath(shim, ROOT), backend, "   # in the rig" if rig else ""))
     say("  the trainer already does: guard = gpuguard.Guard(batch_size=%d)"
         % plan["batch_size"])
     say("  and for each batch: guard.run(batch, forward_backward, zero_grad), which splits")
     say("  the batch into micro-batches once advised (the loader's batch stays %d)"
         % plan["batch_size"])
     t0 = time.time()
-    rc2, pid2, err2 = run_trainer(backend, guarded_plan, build, guarded, out_dir)
+    if rig:
+        rc2, pid2, err2 = rig_trainer(rig, guarded_plan, out_dir, guarded=True)
+    else:
+        rc2, pid2, err2 = run_trainer(backend, guarded_plan, build, guarded, out_dir)
     shim_lines = [l for l in err2.splitlines() if l.startswith("gpuguard:")]
     finished = rc2 == 0
     say("=> %s (exit status %d, %.1f s); gpuguard's lines on stderr (the helper's, the "
