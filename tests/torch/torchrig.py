@@ -48,8 +48,17 @@ def rig_root():
     return _rig or None
 
 
+def soname(path):
+    out = subprocess.run(["readelf", "-d", path], stdout=subprocess.PIPE, text=True)
+    for line in out.stdout.splitlines():
+        if "(SONAME)" in line:
+            return line.rsplit("[", 1)[1].rstrip("]")
+    return os.path.basename(path)
+
+
 def sanitizer_libs():
-    """Under ASan the sanitizer runtimes go first, copied from the host."""
+    """Under ASan (SANITIZE=1 builds the fakes with it too) the host's
+    sanitizer runtimes: (file, the name the fakes need)."""
     if SANITIZE != "1":
         return []
     libs = []
@@ -57,7 +66,7 @@ def sanitizer_libs():
         out = subprocess.run(["cc", "-print-file-name=" + name], stdout=subprocess.PIPE, text=True)
         path = os.path.realpath(out.stdout.strip())
         if os.path.isfile(path):
-            libs.append(path)
+            libs.append((path, soname(path)))
     return libs
 
 
@@ -77,9 +86,9 @@ class Session:
             if not f.endswith(".map"):
                 shutil.copy2(f, lib, follow_symlinks=False)
         self.sanitizers = []
-        for f in sanitizer_libs():
-            shutil.copy2(f, lib)
-            self.sanitizers.append(self.dir + "/lib/" + os.path.basename(f))
+        for f, name in sanitizer_libs():
+            shutil.copy2(f, os.path.join(lib, name))
+            self.sanitizers.append(self.dir + "/lib/" + name)
         shutil.copytree(os.path.join(ROOT, "tools", "python", "gpuguard"),
                         os.path.join(self.host_dir, "python", "gpuguard"),
                         ignore=shutil.ignore_patterns("__pycache__"))
@@ -160,8 +169,10 @@ def command(argv, inner_dir, preload=True, devices=RTX3090, policy=None, env=Non
         e["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1"
     if trace:
         e["GPUGUARD_TRACE"] = inner_dir + "/trace.%p"
-    if preload:
-        e["LD_PRELOAD"] = ":".join(s.sanitizers + [s.shim])
+    # The sanitizer runtimes first, shim or not (the fakes are built with them).
+    preloads = s.sanitizers + ([s.shim] if preload else [])
+    if preloads:
+        e["LD_PRELOAD"] = ":".join(preloads)
     e.update({k: str(v) for k, v in (env or {}).items()})
     return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
             'mount -t proc proc "$0/proc" && exec chroot "$0" "$@"', s.root,
