@@ -18,6 +18,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--steps", type=int, default=60)
     a = ap.parse_args()
+    torch.set_num_threads(1)  # the bench pins the run to one core: no intra-op threads
     torch.manual_seed(0)
     model = Model(dim=256, layers=2).cuda()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
