@@ -56,3 +56,19 @@ mode = auto
         run = self.check("microbatches")
         reasons = [a["reason"] for a in run.of("advice")]
         self.assertTrue(set(reasons) & {"forecast", "near_miss"}, reasons)
+
+
+class HandWrittenLoop(TorchCase):
+    def test_guard_step_marks_each_step(self):
+        """guard.step() after optimizer.step() gives the shim the script's step
+        boundaries: one step line per step, whose peak is PyTorch's own
+        max_memory_reserved() of that step."""
+        pol = self.write_policy("observe.ini", "[gpu]\nmatch = *\n[memory]\nmode = observe\n")
+        run = self.torch("helper_train.py", "--way", "step", "--steps", "5", "--batch", "8",
+                         "--seq", "64", "--grow", "64", policy=pol)
+        self.assertRan(run)
+        steps = [r for r in run.results if r["kind"] == "step"]
+        lines = run.of("step")
+        self.assertEqual([e["step"] for e in lines], [1, 2, 3, 4, 5])
+        self.assertEqual([e["peak"] for e in lines], [s["max_reserved"] for s in steps])
+        self.assertGreater(lines[-1]["peak"], lines[0]["peak"])  # the sequence grew

@@ -2,11 +2,13 @@
 every step, with the loader's batch fixed; the helper splits it into
 micro-batches when memory runs short.
 
-    helper_train.py [--way run|microbatches] [--steps N] [--batch B]
+    helper_train.py [--way run|microbatches|step] [--steps N] [--batch B]
                     [--seq T] [--grow G]
 
-Prints RESULT step {step, loader_batch, samples, split, micro} per step and
-RESULT done {steps}.
+--way step: a hand-written loop that calls guard.step() after the optimizer
+(no splitting). Prints RESULT step {step, loader_batch, samples, split,
+micro, max_reserved (PyTorch's peak of that step)} per step and RESULT done
+{steps}.
 """
 import argparse
 
@@ -40,13 +42,22 @@ def main():
 
         if a.way == "run":
             guard.run(batch, one, lambda: opt.zero_grad(set_to_none=True))
-        else:
+        elif a.way == "microbatches":
             for mb in guard.microbatches(batch):
                 one(mb)
+        else:  # a hand-written loop: the whole batch, then guard.step() after the optimizer
+            loss = loss_fn(model(batch))
+            loss.backward()
+            samples.append(batch.shape[0])
+            del loss
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if a.way == "step":
+            guard.step()
         result("step", step=step, loader_batch=batch.shape[0], samples=sum(samples),
-               split=guard.split, micro=guard.micro_batch_size)
+               split=guard.split, micro=guard.micro_batch_size,
+               max_reserved=torch.cuda.max_memory_reserved())
+        torch.cuda.reset_peak_memory_stats()
         del batch
     result("done", steps=a.steps)
 
