@@ -13,6 +13,7 @@ import glob
 import os
 import subprocess
 import sys
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -149,3 +150,28 @@ class RecordAndReplay(Case):
         want.pop("dev")
         for k, v in want.items():
             self.assertEqual(again.summary()[k], int(v), k)
+
+
+class GpuRunnerTraces(Case):
+    """tests/gpu/run_gpu.py --traces: a real GPU's runs become golden traces
+    the same way. Its maker, fed a run of the fake stack (no GPU here)."""
+
+    def test_a_checks_runs_become_golden_traces(self):
+        sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
+        import run_gpu
+        run = self.script("alloc:1G", "api:vmm:64M", "freeall",
+                          GPUGUARD_TRACE=os.path.join(self.tmp, "x"), preload=True)
+        self.assertEqual(run.rc, 0, run.err)
+        child = types.SimpleNamespace(dir=self.tmp, files=run.files, env={})
+        os.rename(os.path.join(self.tmp, "x"), os.path.join(self.tmp, "trace.%s" %
+                                                            run.files[0].rsplit(".", 2)[-2]))
+        out_dir = os.path.join(self.tmp, "golden")
+        os.makedirs(out_dir)
+        info = {"cuda": "13.0", "torch": "(none)", "name": "the fake RTX 3090"}
+        made = run_gpu.golden_traces([child], "peak", out_dir, info)
+        self.assertEqual(made, [os.path.join(out_dir, "gpu-peak-1.trace")])
+        again, h = replay(self, made[0])
+        self.assertEqual(again.rc, 0, again.out)
+        self.assertEqual(h["runtime"], "13")
+        self.assertIn("on a real the fake RTX 3090 (tests/gpu)", h["source"])
+        self.assertEqual(again.summary()["peak"], run.summary()["peak"])

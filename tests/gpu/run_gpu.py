@@ -27,7 +27,11 @@ the journal it leaves:
               PyTorch's allocator does not own (skipped without NCCL)
 
 Prints one result line per check and "N passed, N failed"; the figures go to
-$GG_BUILD/gpu-report.json. Without PyTorch, or without a GPU that PyTorch
+$GG_BUILD/gpu-report.json. With --traces DIR every run under the shim also
+records its calls (GPUGUARD_TRACE), and each passing check's runs are made
+golden traces in DIR (gpu-CHECK-N.trace, tests/traces/README.md), which
+`make test` replays on machines without a GPU once they are copied into
+tests/traces. Without PyTorch, or without a GPU that PyTorch
 sees, prints "SKIP: no PyTorch" / "SKIP: no GPU" and exits 0. Exit status 1
 when a check failed. Standard library (and torch in the children).
 """
@@ -167,9 +171,11 @@ class Skip(Exception):
 
 
 class Runner(object):
-    def __init__(self, tmp):
+    def __init__(self, tmp, traces=False):
         self.tmp = tmp
         self.n = 0
+        self.traces = traces
+        self.children = []  # (check's directory, child) run under the shim
 
     def env(self, preload, policy, extra):
         env = {k: v for k, v in os.environ.items()
@@ -200,11 +206,47 @@ class Runner(object):
                     f.write(policy)
                 env["GPUGUARD_POLICY"] = ppath
             env["GPUGUARD_JOURNAL_DIR"] = d
+            if self.traces:
+                env["GPUGUARD_TRACE"] = os.path.join(d, "trace.%p")
         proc = subprocess.run([sys.executable, path], cwd=d, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, timeout=CHILD_TIMEOUT)
         child = Child(proc, d)
         child.path = path
+        child.dir = d
+        child.env = extra or {}
+        if preload:
+            self.children.append(child)
         return child
+
+
+def golden_traces(children, name, out_dir, info):
+    """The runs of a passing check as golden traces (tests/traces/tracefmt.py):
+    one per process that left a trace and a journal."""
+    made = []
+    cuda_major = int(str(info.get("cuda") or "12").split(".")[0])
+    for k, child in enumerate(children, 1):
+        for trace in sorted(glob.glob(os.path.join(child.dir, "trace.*"))):
+            pid = trace.rsplit(".", 1)[1]
+            journals = [j for j in child.files if j.endswith(".%s.jsonl" % pid)]
+            if not journals:
+                continue
+            try:
+                summ = [json.loads(l) for l in open(journals[0]) if '"summary"' in l][-1]["devices"][0]
+            except (OSError, ValueError, IndexError, KeyError):
+                continue
+            # The device held this much beside the process at its peak: the
+            # context and other processes, as near as the journal can say.
+            context = max(0, int(summ.get("peak_used", 0)) - int(summ.get("peak", 0)))
+            out = os.path.join(out_dir, "gpu-%s-%d.trace" % (name, k))
+            argv = [sys.executable, os.path.join(ROOT, "tests", "traces", "tracefmt.py"), trace,
+                    journals[0], "--runtime", str(cuda_major), "--context", str(context),
+                    "--source", "PyTorch %s, CUDA %s, on a real %s (tests/gpu)"
+                    % (info.get("torch"), info.get("cuda"), info.get("name")),
+                    "--script", "tests/gpu/run_gpu.py %s" % name, "-o", out]
+            argv += ["--env", "PYTORCH_CUDA_ALLOC_CONF=%s" % child.env.get("PYTORCH_CUDA_ALLOC_CONF", "")]
+            if subprocess.run(argv).returncode == 0:
+                made.append(out)
+    return made
 
 
 def policy(headroom, near_miss, stacks="near_miss", depth=32, virtualize="yes", mode="enforce"):
@@ -660,6 +702,15 @@ def probe():
 
 
 def main(argv):
+    traces_dir = None
+    if "--traces" in argv:
+        i = argv.index("--traces")
+        if i + 1 >= len(argv):
+            print("usage: run_gpu.py [--traces DIR] [CHECK...]")
+            return 2
+        traces_dir = os.path.abspath(argv[i + 1])
+        argv = argv[:i] + argv[i + 2:]
+        os.makedirs(traces_dir, exist_ok=True)
     only = set(argv)
     info = probe()
     if not info.get("torch"):
@@ -676,7 +727,7 @@ def main(argv):
         print("0 passed, 1 failed")
         return 1
     tmp = tempfile.mkdtemp(prefix="gg-gpu-")
-    r = Runner(tmp)
+    r = Runner(tmp, traces=traces_dir is not None)
     dev = {"name": info["name"], "total": info["total"]}
     report = {"device": info, "shim": SHIM, "checks": []}
     passed = failed = skipped = 0
@@ -698,6 +749,10 @@ def main(argv):
             status, detail, figures = "FAIL", traceback.format_exc().strip(), {}
             failed += 1
         took = time.time() - t0
+        if traces_dir and status == "PASS":
+            for path in golden_traces(r.children, name, traces_dir, info):
+                print("     golden trace: %s" % path)
+        r.children = []
         print("%s %-10s %s (%.1f s)" % (status, name, detail, took))
         sys.stdout.flush()
         report["checks"].append({"name": name, "status": status, "detail": detail,
