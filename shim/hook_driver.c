@@ -152,8 +152,8 @@ static inline CUresult free_end(enum gg_hook h, uintptr_t key, bool known,
                                 const struct gg_entry *e, uint32_t ticket,
                                 const struct gg_verdict *v, CUresult r)
 {
-    if (gg_tracing() && r != CUDA_SUCCESS)
-        gg_trace_free_failed(gg_hooks[h].journal, key, r);
+    if (r != CUDA_SUCCESS && gg_tracing())
+        gg_trace_failed("free", gg_hooks[h].journal, key, r);
     if (known && r != CUDA_SUCCESS)
         gg_guard_unrelease(e, ticket);
     else if (known && gg_unlikely(gg_verdict_any(v)))
@@ -447,9 +447,11 @@ static CUresult body_DRV_RELEASE(enum gg_hook h, int v, uintptr_t ra,
     MISSING(real);
     if (!enter())
         return real(hd);
+    if (gg_tracing()) /* before: the handle may be handed out again when it returns */
+        gg_trace_release(gg_ledger_handle_key(hd));
     CUresult r = real(hd);
-    if (gg_tracing())
-        gg_trace_release(gg_ledger_handle_key(hd), r);
+    if (r != CUDA_SUCCESS && gg_tracing())
+        gg_trace_failed("release", gg_hooks[h].journal, gg_ledger_handle_key(hd), r);
     /* After the real call: a handle whose release failed still holds its
      * memory, and one that is still mapped keeps it until the unmap. */
     struct gg_verdict vd;
@@ -485,25 +487,27 @@ static CUresult body_DRV_UNMAP(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr 
     unmap_fn real = REAL(unmap_fn, h, v);
     (void)ra;
     MISSING(real);
+    if (!enter())
+        return real(p, n);
+    if (gg_tracing()) /* before: the range may be mapped again when it returns */
+        gg_trace_unmap((uintptr_t)p, n);
     CUresult r = real(p, n);
-    if (enter()) {
-        if (gg_tracing())
-            gg_trace_unmap((uintptr_t)p, n, r);
-        struct gg_verdict vd;
-        if (r == CUDA_SUCCESS) {
-            gg_guard_unmapped((uintptr_t)p, n, &vd);
-            if (gg_unlikely(gg_verdict_any(&vd)))
-                gg_react_free(&vd);
-        }
-        gg_leave();
+    struct gg_verdict vd;
+    if (r == CUDA_SUCCESS) {
+        gg_guard_unmapped((uintptr_t)p, n, &vd);
+        if (gg_unlikely(gg_verdict_any(&vd)))
+            gg_react_free(&vd);
+    } else if (gg_tracing()) {
+        gg_trace_failed("unmap", gg_hooks[h].journal, (uintptr_t)p, r);
     }
+    gg_leave();
     return r;
 }
 
 /* ---- pools: made, trimmed, destroyed; synchronisations give memory back ---------- */
 
 /* An attribute's value as a number: the thresholds and highs are 64-bit,
- * the reuse flags int. */
+ * the reuse flags int; anything else is not read (its size is unknown). */
 static unsigned long long attr_value(CUmemPool_attribute attr, const void *value)
 {
     if (!value)
@@ -512,7 +516,12 @@ static unsigned long long attr_value(CUmemPool_attribute attr, const void *value
     case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
     case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
     case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: return (unsigned)*(const int *)value;
-    default: return *(const cuuint64_t *)value;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: return *(const cuuint64_t *)value;
+    default: return 0;
     }
 }
 

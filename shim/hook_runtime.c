@@ -133,8 +133,8 @@ static inline cudaError_t free_end(enum gg_rt rt, enum gg_hook h, void *p, bool 
                                    bool report, const struct gg_entry *e, uint32_t ticket,
                                    const struct gg_verdict *v, cudaError_t r)
 {
-    if (gg_tracing() && r != cudaSuccess)
-        gg_trace_free_failed(gg_hooks[h].journal, (uintptr_t)p, r);
+    if (r != cudaSuccess && gg_tracing())
+        gg_trace_failed("free", gg_hooks[h].journal, (uintptr_t)p, r);
     if (!known) {
         if (report)
             unknown_free(rt, p, r);
@@ -377,12 +377,12 @@ static cudaError_t body_RT_MEMINFO(enum gg_hook h, enum gg_rt rt, size_t *free_b
 /* Driver entry points: PyTorch's expandable segments, CuPy. The plain form
  * asks at the runtime's own version. A hook handed out is traced with the
  * module that asked (ra). */
-static void *entry_handed(const char *sym, void *fn, unsigned long long flags, int version,
-                          uintptr_t ra)
+static void *entry_handed(const char *via, const char *sym, void *fn, unsigned long long flags,
+                          int version, uintptr_t ra)
 {
     void *hook = gg_hook_driver_entry(sym, fn, flags, version);
     if ((gg_tracing() || gg_trace_early()) && gg_hook_driver_is_hook(hook))
-        gg_trace_lookup("entry", sym, version, flags, ra);
+        gg_trace_lookup(via, sym, version, flags, ra);
     return hook;
 }
 
@@ -395,7 +395,7 @@ static cudaError_t body_RT_ENTRY(enum gg_hook h, enum gg_rt rt, uintptr_t ra, co
     REAL(entry_fn, rt, h);
     cudaError_t r = real(sym, fn, flags, st);
     if (r == cudaSuccess && fn && *fn)
-        *fn = entry_handed(sym, *fn, flags, gg_runtime_version(rt), ra);
+        *fn = entry_handed("entry", sym, *fn, flags, gg_runtime_version(rt), ra);
     return r;
 }
 
@@ -408,7 +408,7 @@ static cudaError_t body_RT_ENTRY_V(enum gg_hook h, enum gg_rt rt, uintptr_t ra, 
     REAL(entry_v_fn, rt, h);
     cudaError_t r = real(sym, fn, version, flags, st);
     if (r == cudaSuccess && fn && *fn)
-        *fn = entry_handed(sym, *fn, flags, (int)version, ra);
+        *fn = entry_handed("entry_v", sym, *fn, flags, (int)version, ra);
     return r;
 }
 

@@ -244,6 +244,7 @@ bool gg_enter_slow(void)
             pthread_atfork(NULL, NULL, child_after_fork);
             gg_depth = 1; /* whatever the start calls passes through */
             bool ok = start();
+            gg_trace_started(); /* a trace that did not open keeps no more lookups */
             atomic_store(&gg_state, ok ? GG_STATE_ACTIVE : GG_STATE_PASSTHROUGH);
             if (!ok)
                 gg_depth = 0;

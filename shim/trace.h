@@ -18,9 +18,11 @@
  *                                           the ledger's key of a handle
  *                                           (0 when none); POOL: the pool
  *                                           that served it
- *   free API KEY t=TID                      written before the real free
- *   freefail API KEY RESULT                 that free failed
- *   map VA SIZE HANDLE RESULT | unmap VA SIZE RESULT | release HANDLE RESULT
+ *   free API KEY t=TID                      before the real free (the address
+ *                                           may be handed out again the moment
+ *                                           it returns); so are unmap, release
+ *   fail free|unmap|release API KEY RESULT t=TID   that call failed
+ *   map VA SIZE HANDLE RESULT | unmap VA SIZE t=TID | release HANDLE t=TID
  *                                           HANDLE: the ledger's key, as alloc
  *   pool OP POOL ARG RESULT                 create (ARG: device, or -1 for the
  *                                           host), destroy, trim (ARG: bytes
@@ -28,8 +30,10 @@
  *                                           sync, attr (ARG: ATTR=VALUE)
  *   meminfo API DEV FREE TOTAL              what the program was told
  *   lookup VIA NAME VERSION FLAGS MODULE    a hook handed out: VIA dlsym,
- *                                           getproc or entry; MODULE the
- *                                           file that asked
+ *                                           getproc, entry (cudaGetDriver-
+ *                                           EntryPoint) or entry_v (its
+ *                                           ByVersion form); MODULE the file
+ *                                           that asked
  *   step N | batch BATCH ACCUM | ack SEQ    the C API
  *
  * Lookups before the shim starts (a runtime resolving its driver as it
@@ -54,8 +58,11 @@ static inline bool gg_tracing(void)
     return gg_unlikely(atomic_load_explicit(&gg_trace_fd, memory_order_relaxed) >= 0);
 }
 
-/* Start tracing to path (at the start; said once when it cannot be). */
+/* Start tracing to path (at the start; said once when it cannot be; NULL or
+ * empty: no trace). Called once, on the start's path. */
 void gg_trace_open(const char *path);
+/* The start is over (with a trace or without): no more lookups are kept. */
+void gg_trace_started(void);
 /* The header line of each device. */
 void gg_trace_device(int dev, const char *name, uint64_t total, int cc_major, int cc_minor);
 
@@ -63,10 +70,11 @@ void gg_trace_device(int dev, const char *name, uint64_t total, int cc_major, in
 void gg_trace_alloc(const char *api, int dev, uint64_t bytes, uintptr_t key, int result,
                     bool refused, unsigned pool);
 void gg_trace_free(const char *api, uintptr_t key);
-void gg_trace_free_failed(const char *api, uintptr_t key, int result);
 void gg_trace_map(uintptr_t va, uint64_t size, uint64_t handle, int result);
-void gg_trace_unmap(uintptr_t va, uint64_t size, int result);
-void gg_trace_release(uint64_t handle, int result);
+void gg_trace_unmap(uintptr_t va, uint64_t size);
+void gg_trace_release(uint64_t handle);
+/* A free, unmap or release traced before its real call failed. */
+void gg_trace_failed(const char *what, const char *api, uint64_t key, int result);
 void gg_trace_pool(const char *op, uint64_t pool, long long arg, int result);
 void gg_trace_pool_attr(uint64_t pool, int attr, unsigned long long value, int result);
 void gg_trace_meminfo(const char *api, int dev, uint64_t free_b, uint64_t total_b);

@@ -17,6 +17,7 @@
 
 #include <cuda_profiler_api.h>
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -541,8 +542,41 @@ cudaError_t CUDARTAPI cudaLaunchKernelExC(const cudaLaunchConfig_t *config, cons
 }
 
 /* A kernel's attributes: what a typical compiled kernel has (the fake reads
- * no device code). */
-static __thread int t_max_dynamic_smem = -1;
+ * no device code), and the dynamic shared memory it was allowed, per
+ * function (a small table: frameworks set it for a few kernels). */
+#define MAX_SMEM_FUNCS 256
+static struct {
+    const void *func;
+    int bytes;
+} g_smem[MAX_SMEM_FUNCS];
+static int g_nsmem;
+static pthread_mutex_t g_smem_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int max_dynamic_smem(const void *func)
+{
+    int bytes = 49152;
+    pthread_mutex_lock(&g_smem_mu);
+    for (int i = 0; i < g_nsmem; i++)
+        if (g_smem[i].func == func)
+            bytes = g_smem[i].bytes;
+    pthread_mutex_unlock(&g_smem_mu);
+    return bytes;
+}
+
+static void set_max_dynamic_smem(const void *func, int bytes)
+{
+    pthread_mutex_lock(&g_smem_mu);
+    int i = 0;
+    while (i < g_nsmem && g_smem[i].func != func)
+        i++;
+    if (i < MAX_SMEM_FUNCS) {
+        g_smem[i].func = func;
+        g_smem[i].bytes = bytes;
+        if (i == g_nsmem)
+            g_nsmem++;
+    }
+    pthread_mutex_unlock(&g_smem_mu);
+}
 
 cudaError_t CUDARTAPI cudaFuncGetAttributes(struct cudaFuncAttributes *attr, const void *func)
 {
@@ -564,7 +598,7 @@ cudaError_t CUDARTAPI cudaFuncGetAttributes(struct cudaFuncAttributes *attr, con
     attr->maxThreadsPerBlock = 1024;
     attr->numRegs = 32;
     attr->ptxVersion = attr->binaryVersion = major * 10 + minor;
-    attr->maxDynamicSharedSizeBytes = t_max_dynamic_smem >= 0 ? t_max_dynamic_smem : 49152;
+    attr->maxDynamicSharedSizeBytes = max_dynamic_smem(func);
     attr->preferredShmemCarveout = -1;
     return cudaSuccess;
 }
@@ -584,7 +618,7 @@ cudaError_t CUDARTAPI cudaFuncSetAttribute(const void *func, enum cudaFuncAttrib
             return fr_ret_cu(r);
         if (value < 0 || value > optin)
             return fr_ret(cudaErrorInvalidValue);
-        t_max_dynamic_smem = value;
+        set_max_dynamic_smem(func, value);
     }
     return cudaSuccess;
 }

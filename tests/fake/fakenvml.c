@@ -87,6 +87,7 @@ static struct {
     CUresult (*DeviceGetUuid)(CUuuid *, CUdevice);
     CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
     CUresult (*DevicePrimaryCtxGetState)(CUdevice, unsigned int *, int *);
+    CUresult (*DriverGetVersion)(int *);
     unsigned long long (*used)(int);
 } drv;
 
@@ -128,6 +129,7 @@ static nvmlReturn_t load(void)
     SYM(DeviceGetAttribute, "cuDeviceGetAttribute");
     SYM(DevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState");
     SYM(used, "fakecuda_used");
+    SYM(DriverGetVersion, "cuDriverGetVersion");
     SYM(Init, "cuInit"); /* last: its presence means all are there */
 #undef SYM
     return NVML_SUCCESS;
@@ -440,9 +442,5 @@ EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version)
         return r;
     if (!version)
         return NVML_ERROR_INVALID_ARGUMENT;
-    CUresult (*get)(int *) = NULL;
-    void *h = open_driver();
-    if (h)
-        *(void **)&get = dlsym(h, "cuDriverGetVersion");
-    return get && get(version) == CUDA_SUCCESS ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+    return drv.DriverGetVersion(version) == CUDA_SUCCESS ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
 }

@@ -15,7 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import torchrig  # noqa: E402
-from scenarios import DEVICE, SCENARIOS  # noqa: E402
+from scenarios import DEVICE, SCENARIOS  # noqa: E402,F401 (SCENARIOS: for the tests too)
 
 TRACES = os.path.join(torchrig.ROOT, "tests", "traces")
 

@@ -31,7 +31,7 @@ class RecordedAgain(TorchCase):
         return out
 
     def test_the_committed_traces_are_what_pytorch_does_now(self):
-        for name in ("oom-default", "train-expandable", "oom-async"):
+        for name in sorted(record_traces.SCENARIOS):
             with self.subTest(trace=name):
                 fresh = self.again(name)
                 committed = os.path.join(TRACES, name + ".trace")
@@ -49,6 +49,7 @@ class RecordedAgain(TorchCase):
 
         case = Replay()
         case.setUp()
+        self.addCleanup(case.doCleanups)
         fresh = self.again("helper-grow")
         run, h = test_traces.replay(case, fresh)
         self.assertEqual(run.rc, 0, run.out[-3000:])

@@ -64,7 +64,8 @@ static uint64_t *slot(const char *key)
 
 /* ---- the driver, as the recorded program reached it --------------------------------- */
 
-static void *g_cuda; /* libcuda.so.1's handle */
+static void *g_cuda;   /* libcuda.so.1's handle */
+static int g_runtime = 12; /* the trace's runtime major */
 
 /* Driver functions by base name, from the trace's lookups (the hook the
  * shim handed out then, as it hands it out now), else by dlsym. */
@@ -72,7 +73,7 @@ struct fn {
     char name[64];
     void *fn;
 };
-static struct fn g_fns[64];
+static struct fn g_fns[256];
 static int g_nfns;
 
 static void **fn_slot(const char *name)
@@ -115,6 +116,9 @@ static void *driver_fn(const char *name, const char *export)
 typedef CUresult (*getproc_fn)(const char *, void **, int, cuuint64_t,
                                CUdriverProcAddressQueryResult *);
 
+/* A lookup the trace says handed out one of the shim's hooks, made again the
+ * same way: 0 when it hands out the shim's hook again (a function inside
+ * the preloaded shim), 1 when it finds something else, -1 for a bad line. */
 static int lookup(char **t, int n)
 {
     if (n < 5)
@@ -123,7 +127,13 @@ static int lookup(char **t, int n)
     int version = atoi(t[3]);
     unsigned long long flags = strtoull(t[4], NULL, 0);
     void *f = NULL;
-    if (!strcmp(via, "dlsym")) {
+    if (!strcmp(via, "dlsym") && !strncmp(name, "cuda", 4)) {
+        /* a runtime function taken from the runtime's own handle (ctypes) */
+        char lib[32];
+        snprintf(lib, sizeof lib, "libcudart.so.%d", g_runtime);
+        void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+        f = h ? dlsym(h, name) : NULL;
+    } else if (!strcmp(via, "dlsym")) {
         f = cuda_handle() ? dlsym(cuda_handle(), name) : NULL;
     } else if (!strcmp(via, "getproc")) {
         getproc_fn gp = cuda_handle() ? (getproc_fn)dlsym(cuda_handle(), "cuGetProcAddress_v2") : NULL;
@@ -132,19 +142,23 @@ static int lookup(char **t, int n)
             f = NULL;
     } else if (!strcmp(via, "entry")) {
         enum cudaDriverEntryPointQueryResult st;
-        cudaError_t r = version > 0 ? cudaGetDriverEntryPointByVersion(name, &f, (unsigned)version,
-                                                                       flags, &st)
-                                    : cudaGetDriverEntryPoint(name, &f, flags, &st);
-        if (r != cudaSuccess)
+        if (cudaGetDriverEntryPoint(name, &f, flags, &st) != cudaSuccess)
+            f = NULL;
+    } else if (!strcmp(via, "entry_v")) {
+        enum cudaDriverEntryPointQueryResult st;
+        if (cudaGetDriverEntryPointByVersion(name, &f, (unsigned)version, flags, &st) != cudaSuccess)
             f = NULL;
     } else {
         return -1;
     }
-    void **s = fn_slot(name);
-    if (!s)
-        return -1;
-    *s = f;
-    return f ? 0 : 1;
+    if (strncmp(name, "cuda", 4) != 0) {
+        void **s = fn_slot(name);
+        if (!s)
+            return -1;
+        *s = f;
+    }
+    Dl_info di;
+    return f && dladdr(f, &di) && di.dli_fname && strstr(di.dli_fname, "libgpuguard") ? 0 : 1;
 }
 
 /* ---- the calls ------------------------------------------------------------------------- */
@@ -233,7 +247,8 @@ static int alloc(char **t, int n)
     return r;
 }
 
-/* free API KEY RESULT THREAD */
+/* free API KEY RESULT THREAD (an unknown KEY is 0: a free of NULL, which
+ * succeeds; the allocation it names has already been counted a mismatch). */
 static int release_ptr(char **t, int n)
 {
     if (n < 5)
@@ -282,7 +297,7 @@ static int vmm(char **t, int n)
         CUdeviceptr va = va_of(t[1]);
         return f && va ? (int)f(va, strtoull(t[2], NULL, 10), 0, *slot(t[3]), 0) : -1;
     }
-    if (!strcmp(t[0], "unmap") && n >= 4) {
+    if (!strcmp(t[0], "unmap") && n >= 4) { /* unmap VA SIZE RESULT */
         CUresult (*f)(CUdeviceptr, size_t) = driver_fn("cuMemUnmap", "cuMemUnmap");
         CUdeviceptr va = va_of(t[1]);
         return f && va ? (int)f(va, strtoull(t[2], NULL, 10)) : -1;
@@ -410,12 +425,16 @@ int main(int argc, char **argv)
         int n = 0;
         for (char *tok = strtok_r(copy, " ", &save); tok && n < MAXTOK; tok = strtok_r(NULL, " ", &save))
             t[n++] = tok;
+        if (n == 0)
+            continue;
         int header = 0;
         for (size_t i = 0; i < sizeof g_header / sizeof g_header[0]; i++)
             header |= !strcmp(t[0], g_header[i]);
         if (header) {
             if (!strcmp(t[0], "vaspan") && n >= 2)
                 g_vaspan = strtoull(t[1], NULL, 0);
+            if (!strcmp(t[0], "runtime") && n >= 2)
+                g_runtime = atoi(t[1]);
             continue;
         }
         calls++;

@@ -70,7 +70,7 @@ def golden(raw_lines, start, summary, args):
     created = set()
     calls, dropped = [], {"runtime lookups": 0, "unknown frees": 0, "runtime meminfo": 0}
     vas = []
-    parsed = [l.split() for l in raw_lines if l.strip()]
+    parsed = [l.split() for l in raw_lines if l.strip() and not l.startswith("#")]
 
     # What each pool is: made by the program (pool create), else a device's own.
     for t in parsed:
@@ -78,8 +78,10 @@ def golden(raw_lines, start, summary, args):
             for tok in t[7:]:
                 if tok.startswith("pool="):
                     pool_dev.setdefault(tok[5:], int(t[2]))
-        if t[0] == "pool" and t[1] == "create":
+        if t[0] == "pool" and t[1] == "create" and t[4] == "0":
             created.add(t[2])
+        if t[0] == "pool" and t[1] == "current":
+            pool_dev.setdefault(t[2], int(t[3]))
         if t[0] in ("map", "unmap"):
             vas.append((int(t[1], 16), int(t[2])))
     va_base = min(v for v, _ in vas) if vas else 0
@@ -102,6 +104,16 @@ def golden(raw_lines, start, summary, args):
 
     def va(tok):
         return "v+%#x" % (int(tok, 16) - va_base)
+
+    def failed(i, what, key, tid):
+        """The result of a free, unmap or release traced before its call: the
+        error of the `fail` line its thread wrote after it, else 0."""
+        for t2 in parsed[i + 1:]:
+            if t2[0] == "fail" and t2[1] == what and int(t2[3], 16) == key and t2[5] == tid:
+                return t2[4]
+            if tid in t2 and t2[0] != "fail":
+                return "0"  # the thread went on: that call succeeded
+        return "0"
 
     for i, t in enumerate(parsed):
         kind = t[0]
@@ -128,24 +140,23 @@ def golden(raw_lines, start, summary, args):
             if name is None:
                 dropped["unknown frees"] += 1
                 continue
-            result = "0"
-            nxt = parsed[i + 1] if i + 1 < len(parsed) else None
-            if nxt and nxt[0] == "freefail" and int(nxt[2], 16) == key:
-                result = nxt[3]
+            result = failed(i, "free", key, tid)
+            if result != "0":
                 pointers.live[key] = name  # still allocated
             calls.append("free %s %s %s %s" % (api, name, result, thread(tid)))
-        elif kind == "freefail":
-            continue  # in its free's line
+        elif kind == "fail":
+            continue  # in its call's line
         elif kind == "map":
             calls.append("map %s %s %s %s" % (va(t[1]), t[2], handles.get(int(t[3], 16)) or "h?", t[4]))
         elif kind == "unmap":
-            calls.append("unmap %s %s %s" % (va(t[1]), t[2], t[3]))
+            calls.append("unmap %s %s %s" % (va(t[1]), t[2], failed(i, "unmap", int(t[1], 16), t[3])))
         elif kind == "release":
             key = int(t[1], 16)
             name = handles.get(key) or "h?"
-            if t[2] == "0":
+            result = failed(i, "release", key, t[2])
+            if result == "0":
                 handles.drop(key)
-            calls.append("release %s %s" % (name, t[2]))
+            calls.append("release %s %s" % (name, result))
         elif kind == "pool":
             op, handle = t[1], t[2]
             if op == "sync":
