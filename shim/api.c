@@ -5,7 +5,7 @@
 #include "advice.h"
 #include "device.h"
 #include "events.h"
-#include "gate.h"
+#include "life.h"
 #include "gpuguard.h"
 #include "ledger.h"
 #include "prim.h"

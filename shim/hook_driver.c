@@ -16,7 +16,7 @@
  * asked (the return address, guard.h), so a library whose driver calls bind
  * to the exports through libcuda's own tables changes nothing. A driver
  * call made inside a runtime hook (the runtime calling its driver) passes
- * through: the gate's depth (gate.h) counts it once, at the runtime.
+ * through: the gate's depth (life.h) counts it once, at the runtime.
  *
  * The real function behind a variant is libcuda's, taken from libcuda's own
  * handle (never the global scope, where the exports would be found).
@@ -28,43 +28,9 @@
 #include <string.h>
 
 #include "arch.h"
-#include "arrays.h"
-#include "device.h"
-#include "driver.h"
-#include "gate.h"
-#include "guard.h"
-#include "hooks.h"
+#include "hook_body.h"
 #include "ledger.h"
-#include "pools.h"
-#include "prim.h"
-#include "react.h"
 #include "settings.h"
-#include "trace.h"
-
-const struct gg_hook_info gg_hooks[GG_HOOK_COUNT] = {
-#define HOOK(id, family, export, base, min, max, ptsz, shape, journal) \
-    [GG_HOOK_##id] = {#export, #base, journal, min, max, GG_FAMILY_##family, ptsz},
-#define GG_FAMILY_RT false
-#define GG_FAMILY_DRV true
-#include "hooks.def"
-#undef HOOK
-};
-
-bool gg_hooks_driver_enabled(void)
-{
-    static _Atomic int enabled = -1;
-    int e = atomic_load_explicit(&enabled, memory_order_relaxed);
-    if (gg_unlikely(e < 0)) {
-        const char *v = getenv(gg_setting_info[GG_SET_driver_hooks].env);
-        const char *why;
-        bool on = true;
-        if (v && *v && gg_value_bool(v, &on, &why) != 0)
-            on = true; /* a bad value is said when the settings are read */
-        e = on;
-        atomic_store_explicit(&enabled, e, memory_order_relaxed);
-    }
-    return e;
-}
 
 /* ---- the real functions ------------------------------------------------------- */
 
@@ -93,109 +59,17 @@ static inline void *real_of(enum gg_hook h, int ptsz)
 
 /* ---- the bodies, one per shape ------------------------------------------------- */
 
-/* Is this call the guard's to count? The gate (gate.h), and the escape
- * hatch: with GPUGUARD_DRIVER_HOOKS=0 a driver hook reached all the same
- * (bound to an export) passes through. */
+/* The shared body (hook_body.h), on the driver's side. Its codes are the
+ * shared ones. */
+_Static_assert(CUDA_SUCCESS == GG_OK && CUDA_ERROR_OUT_OF_MEMORY == GG_OOM,
+               "the driver's codes are hook_body.h's");
+#define SIDE GG_SIDE_DRIVER
+
+/* Is this call the guard's to count (the pool, map and meminfo bodies)? */
 static inline bool enter(void)
 {
-    if (!gg_enter())
-        return false;
-    if (gg_likely(gg_hooks_driver_enabled()))
-        return true;
-    gg_leave();
-    return false;
+    return gg_hook_enter(SIDE);
 }
-
-/* The call's description, on device dev (-1: the current context's). */
-static inline bool begin(struct gg_call *c, enum gg_hook h, uintptr_t ra, uint64_t bytes,
-                         int dev, uint8_t may_refuse)
-{
-    if (!bytes || !enter())
-        return false;
-    c->dev = dev >= 0 ? dev : gg_driver_current_device();
-    c->api = (uint8_t)h;
-    c->api_name = gg_hooks[h].journal;
-    c->refusable = may_refuse;
-    c->pool = GG_POOL_NONE;
-    c->runtime = false;
-    c->bytes = bytes;
-    c->caller = ra;
-    return true;
-}
-
-static GG_COLD CUresult refuse(const struct gg_call *c, const struct gg_verdict *v)
-{
-    gg_react(c, v);
-    if (gg_tracing())
-        gg_trace_alloc(c->api_name, c->dev, c->bytes, 0, CUDA_ERROR_OUT_OF_MEMORY, true, c->pool);
-    gg_leave();
-    return CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-static inline CUresult alloc_end(struct gg_call *c, struct gg_verdict *v, CUresult r, uintptr_t key)
-{
-    if (r == CUDA_SUCCESS)
-        gg_guard_allocated(c, key, v);
-    else
-        gg_guard_failed(c, r == CUDA_ERROR_OUT_OF_MEMORY, v);
-    if (gg_unlikely(gg_verdict_any(v)))
-        gg_react(c, v);
-    if (gg_tracing())
-        gg_trace_alloc(c->api_name, c->dev, c->bytes, key, r, false, c->pool);
-    gg_leave();
-    return r;
-}
-
-/* A free: forget first (the address may be handed out again the moment the
- * real free returns), and put it back if the real free fails. */
-static inline CUresult free_end(enum gg_hook h, uintptr_t key, bool known,
-                                const struct gg_entry *e, uint32_t ticket,
-                                const struct gg_verdict *v, CUresult r)
-{
-    if (r != CUDA_SUCCESS && gg_tracing())
-        gg_trace_failed("free", gg_hooks[h].journal, key, r);
-    if (known && r != CUDA_SUCCESS)
-        gg_guard_unrelease(e, ticket);
-    else if (known && gg_unlikely(gg_verdict_any(v)))
-        gg_react_free(v);
-    gg_leave();
-    return r;
-}
-
-/* The body of an allocation (a described call c) whose real call is `CALL`
- * and whose new key is `KEY`. */
-#define ADMIT_CALL(c, CALL, KEY)                                   \
-    do {                                                           \
-        struct gg_verdict vd;                                      \
-        if (!gg_guard_admit(&c, &vd))                              \
-            return refuse(&c, &vd);                                \
-        CUresult r = CALL;                                         \
-        return alloc_end(&c, &vd, r, r == CUDA_SUCCESS ? (KEY) : 0); \
-    } while (0)
-
-/* ... of `bytes` on `dev` (-1: the current context's). */
-#define ALLOC_BODY(h, ra, bytes, dev, may_refuse, CALL, KEY)       \
-    do {                                                           \
-        struct gg_call c;                                          \
-        if (!begin(&c, h, ra, bytes, dev, may_refuse))             \
-            return CALL;                                           \
-        ADMIT_CALL(c, CALL, KEY);                                  \
-    } while (0)
-
-/* The body of a free (hook h) of key `KEY` whose real call is `CALL`;
- * traced before the real free, as the guard forgets before it. */
-#define FREE_BODY(h, KEY, CALL)                                                  \
-    do {                                                                         \
-        if (!(KEY) || !enter())                                                  \
-            return CALL;                                                         \
-        struct gg_entry e;                                                       \
-        struct gg_verdict vd;                                                    \
-        uint32_t ticket;                                                         \
-        bool known = gg_guard_release((KEY), &e, &ticket, &vd);                 \
-        if (gg_tracing())                                                        \
-            gg_trace_free(gg_hooks[h].journal, (KEY));                           \
-        return free_end(h, (KEY), known, &e, ticket, &vd, CALL);                 \
-    } while (0)
 
 #define REAL(type, h, v) ((type)real_of(h, v))
 #define MISSING(fn) \
@@ -207,7 +81,7 @@ static CUresult body_DRV_ALLOC(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr 
 {
     alloc_fn real = REAL(alloc_fn, h, v);
     MISSING(real);
-    ALLOC_BODY(h, ra, n, -1, GG_REFUSABLE, real(p, n), p ? (uintptr_t)*p : 0);
+    GG_HOOK_ALLOC(SIDE, h, ra, n, -1, GG_REFUSABLE, NULL, real(p, n), p ? (uintptr_t)*p : 0);
 }
 
 /* The legacy ABI: 32-bit device pointers and sizes (cuda.h's _v1). */
@@ -217,36 +91,17 @@ static CUresult body_DRV_ALLOC_V1(enum gg_hook h, int v, uintptr_t ra, CUdevicep
 {
     alloc_v1_fn real = REAL(alloc_v1_fn, h, v);
     MISSING(real);
-    ALLOC_BODY(h, ra, n, -1, GG_REFUSABLE, real(p, n), p ? (uintptr_t)*p : 0);
+    GG_HOOK_ALLOC(SIDE, h, ra, n, -1, GG_REFUSABLE, NULL, real(p, n), p ? (uintptr_t)*p : 0);
 }
 
-/* Pitched memory: judged by what was asked, counted by what the device gave
- * (pitch x height). */
-#define PITCH_BODY(h, ra, w, hgt, CALL, P, PITCH)                                       \
-    do {                                                                                \
-        uint64_t bytes;                                                                 \
-        if (__builtin_mul_overflow((uint64_t)(w), (uint64_t)(hgt), &bytes))             \
-            bytes = UINT64_MAX; /* cannot be had: the guard refuses or the driver fails */ \
-        struct gg_call c;                                                               \
-        struct gg_verdict vd;                                                           \
-        if (!begin(&c, h, ra, bytes, -1, GG_REFUSABLE))                                 \
-            return CALL;                                                                \
-        if (!gg_guard_admit(&c, &vd))                                                   \
-            return refuse(&c, &vd);                                                     \
-        CUresult r = CALL;                                                              \
-        if (r == CUDA_SUCCESS && (PITCH) &&                                             \
-            !__builtin_mul_overflow((uint64_t)*(PITCH), (uint64_t)(hgt), &bytes))       \
-            c.bytes = bytes; /* what the device really gave */                          \
-        return alloc_end(&c, &vd, r, r == CUDA_SUCCESS && (P) ? (uintptr_t)*(P) : 0);   \
-    } while (0)
-
+/* Pitched memory (hook_body.h's GG_HOOK_PITCH). */
 typedef CUresult (*pitch_fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
 static CUresult body_DRV_PITCH(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr *p, size_t *pitch,
                                size_t w, size_t hgt, unsigned elem)
 {
     pitch_fn real = REAL(pitch_fn, h, v);
     MISSING(real);
-    PITCH_BODY(h, ra, w, hgt, real(p, pitch, w, hgt, elem), p, pitch);
+    GG_HOOK_PITCH(SIDE, h, ra, w, hgt, p, pitch, NULL, real(p, pitch, w, hgt, elem));
 }
 
 typedef CUresult (*pitch_v1_fn)(CUdeviceptr_v1 *, unsigned int *, unsigned int, unsigned int,
@@ -257,7 +112,7 @@ static CUresult body_DRV_PITCH_V1(enum gg_hook h, int v, uintptr_t ra, CUdevicep
 {
     pitch_v1_fn real = REAL(pitch_v1_fn, h, v);
     MISSING(real);
-    PITCH_BODY(h, ra, w, hgt, real(p, pitch, w, hgt, elem), p, pitch);
+    GG_HOOK_PITCH(SIDE, h, ra, w, hgt, p, pitch, NULL, real(p, pitch, w, hgt, elem));
 }
 
 typedef CUresult (*managed_fn)(CUdeviceptr *, size_t, unsigned);
@@ -267,33 +122,20 @@ static CUresult body_DRV_MANAGED(enum gg_hook h, int v, uintptr_t ra, CUdevicept
     managed_fn real = REAL(managed_fn, h, v);
     MISSING(real);
     /* Managed memory may oversubscribe the device: counted, never refused. */
-    ALLOC_BODY(h, ra, n, -1, GG_REFUSABLE_NEVER, real(p, n, f), p ? (uintptr_t)*p : 0);
+    GG_HOOK_ALLOC(SIDE, h, ra, n, -1, GG_REFUSABLE_NEVER, NULL, real(p, n, f),
+                  p ? (uintptr_t)*p : 0);
 }
 
-/* A stream-ordered request: charged to the device of the pool that serves
- * it, judged by how much that pool must grow; a host pool's passes by. */
-#define POOL_BODY(h, ra, n, POOL, DEV, CALL, P)                                        \
-    do {                                                                               \
-        struct gg_call c;                                                              \
-        if (!begin(&c, h, ra, n, DEV, GG_REFUSABLE))                                   \
-            return CALL;                                                               \
-        if (!gg_guard_pool(&c, POOL, c.dev, true)) {                                   \
-            CUresult r = CALL;                                                         \
-            if (r == CUDA_SUCCESS && (P))                                              \
-                gg_guard_host_allocated((uintptr_t) * (P));                            \
-            gg_leave();                                                                \
-            return r;                                                                  \
-        }                                                                              \
-        ADMIT_CALL(c, CALL, (P) ? (uintptr_t) * (P) : 0);                              \
-    } while (0)
-
+/* Stream-ordered requests (hook_body.h's GG_HOOK_POOL): the shim sees every
+ * change of a device's current pool through the driver, so what it last
+ * knew is trusted. */
 typedef CUresult (*async_fn)(CUdeviceptr *, size_t, CUstream);
 static CUresult body_DRV_ASYNC(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr *p, size_t n,
                                CUstream s)
 {
     async_fn real = REAL(async_fn, h, v);
     MISSING(real);
-    POOL_BODY(h, ra, n, 0, gg_driver_stream_device(s), real(p, n, s), p);
+    GG_HOOK_POOL(SIDE, h, ra, n, 0, gg_driver_stream_device(s), true, NULL, real(p, n, s), p);
 }
 
 typedef CUresult (*pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
@@ -304,7 +146,7 @@ static CUresult body_DRV_POOL(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr *
     MISSING(real);
     if (!m) /* no pool: the driver says what is wrong */
         return real(p, n, m, s);
-    POOL_BODY(h, ra, n, (uint64_t)(uintptr_t)m, -1, real(p, n, m, s), p);
+    GG_HOOK_POOL(SIDE, h, ra, n, (uint64_t)(uintptr_t)m, -1, true, NULL, real(p, n, m, s), p);
 }
 
 typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
@@ -319,21 +161,13 @@ static CUresult body_DRV_CREATE(enum gg_hook h, int v, uintptr_t ra,
      * host buffers) pass through uncounted. */
     if (!prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return real(hd, n, prop, f);
-    ALLOC_BODY(h, ra, n, prop->location.id, GG_REFUSABLE, real(hd, n, prop, f),
-               hd ? gg_ledger_handle_key(*hd) : 0);
+    GG_HOOK_ALLOC(SIDE, h, ra, n, prop->location.id, GG_REFUSABLE, NULL, real(hd, n, prop, f),
+                  hd ? gg_ledger_handle_key(*hd) : 0);
 }
 
-/* Arrays: the bytes their extent and format hold (arrays.h); one the
- * driver will reject passes through uncounted, its error the driver's. */
-#define ARRAY_BODY(h, ra, W, H, D, FORMAT, CHANNELS, FLAGS, LEVELS, CALL, HANDLE)  \
-    do {                                                                            \
-        uint64_t bytes = 0;                                                         \
-        if (!gg_array_bytes(W, H, D, gg_array_format_bytes(FORMAT, CHANNELS), FLAGS, \
-                            LEVELS, &bytes))                                        \
-            return CALL;                                                            \
-        ALLOC_BODY(h, ra, bytes, -1, GG_REFUSABLE, CALL,                            \
-                   (HANDLE) ? (uintptr_t) * (HANDLE) : 0);                          \
-    } while (0)
+/* Arrays: the element size from the descriptor's format and channels
+ * (hook_body.h's GG_HOOK_ARRAY). */
+#define FORMAT_BYTES(D) gg_array_format_bytes((D)->Format, (D)->NumChannels)
 
 typedef CUresult (*array_fn)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
 static CUresult body_DRV_ARRAY(enum gg_hook h, int v, uintptr_t ra, CUarray *a,
@@ -343,7 +177,7 @@ static CUresult body_DRV_ARRAY(enum gg_hook h, int v, uintptr_t ra, CUarray *a,
     MISSING(real);
     if (!d)
         return real(a, d);
-    ARRAY_BODY(h, ra, d->Width, d->Height, 0, d->Format, d->NumChannels, 0, 1, real(a, d), a);
+    GG_HOOK_ARRAY(SIDE, h, ra, d->Width, d->Height, 0, FORMAT_BYTES(d), 0, 1, NULL, real(a, d), a);
 }
 
 typedef CUresult (*array_v1_fn)(CUarray *, const CUDA_ARRAY_DESCRIPTOR_v1 *);
@@ -354,7 +188,7 @@ static CUresult body_DRV_ARRAY_V1(enum gg_hook h, int v, uintptr_t ra, CUarray *
     MISSING(real);
     if (!d)
         return real(a, d);
-    ARRAY_BODY(h, ra, d->Width, d->Height, 0, d->Format, d->NumChannels, 0, 1, real(a, d), a);
+    GG_HOOK_ARRAY(SIDE, h, ra, d->Width, d->Height, 0, FORMAT_BYTES(d), 0, 1, NULL, real(a, d), a);
 }
 
 typedef CUresult (*array3d_fn)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
@@ -365,8 +199,8 @@ static CUresult body_DRV_ARRAY3D(enum gg_hook h, int v, uintptr_t ra, CUarray *a
     MISSING(real);
     if (!d)
         return real(a, d);
-    ARRAY_BODY(h, ra, d->Width, d->Height, d->Depth, d->Format, d->NumChannels, d->Flags, 1,
-               real(a, d), a);
+    GG_HOOK_ARRAY(SIDE, h, ra, d->Width, d->Height, d->Depth, FORMAT_BYTES(d), d->Flags, 1, NULL,
+                  real(a, d), a);
 }
 
 typedef CUresult (*array3d_v1_fn)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR_v1 *);
@@ -377,8 +211,8 @@ static CUresult body_DRV_ARRAY3D_V1(enum gg_hook h, int v, uintptr_t ra, CUarray
     MISSING(real);
     if (!d)
         return real(a, d);
-    ARRAY_BODY(h, ra, d->Width, d->Height, d->Depth, d->Format, d->NumChannels, d->Flags, 1,
-               real(a, d), a);
+    GG_HOOK_ARRAY(SIDE, h, ra, d->Width, d->Height, d->Depth, FORMAT_BYTES(d), d->Flags, 1, NULL,
+                  real(a, d), a);
 }
 
 typedef CUresult (*mipmap_fn)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
@@ -389,8 +223,8 @@ static CUresult body_DRV_MIPMAP(enum gg_hook h, int v, uintptr_t ra, CUmipmapped
     MISSING(real);
     if (!d)
         return real(a, d, levels);
-    ARRAY_BODY(h, ra, d->Width, d->Height, d->Depth, d->Format, d->NumChannels, d->Flags, levels,
-               real(a, d, levels), a);
+    GG_HOOK_ARRAY(SIDE, h, ra, d->Width, d->Height, d->Depth, FORMAT_BYTES(d), d->Flags, levels,
+                  NULL, real(a, d, levels), a);
 }
 
 typedef CUresult (*free_fn)(CUdeviceptr);
@@ -399,7 +233,7 @@ static CUresult body_DRV_FREE(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr p
     free_fn real = REAL(free_fn, h, v);
     (void)ra;
     MISSING(real);
-    FREE_BODY(h, (uintptr_t)p, real(p));
+    GG_HOOK_FREE(SIDE, h, p, false, real(p));
 }
 
 typedef CUresult (*free_v1_fn)(CUdeviceptr_v1);
@@ -408,7 +242,7 @@ static CUresult body_DRV_FREE_V1(enum gg_hook h, int v, uintptr_t ra, CUdevicept
     free_v1_fn real = REAL(free_v1_fn, h, v);
     (void)ra;
     MISSING(real);
-    FREE_BODY(h, (uintptr_t)p, real(p));
+    GG_HOOK_FREE(SIDE, h, p, false, real(p));
 }
 
 typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
@@ -417,7 +251,7 @@ static CUresult body_DRV_FREE_ASYNC(enum gg_hook h, int v, uintptr_t ra, CUdevic
     free_async_fn real = REAL(free_async_fn, h, v);
     (void)ra;
     MISSING(real);
-    FREE_BODY(h, (uintptr_t)p, real(p, s));
+    GG_HOOK_FREE(SIDE, h, p, false, real(p, s));
 }
 
 typedef CUresult (*array_free_fn)(CUarray);
@@ -426,7 +260,7 @@ static CUresult body_DRV_ARRAY_FREE(enum gg_hook h, int v, uintptr_t ra, CUarray
     array_free_fn real = REAL(array_free_fn, h, v);
     (void)ra;
     MISSING(real);
-    FREE_BODY(h, (uintptr_t)a, real(a));
+    GG_HOOK_FREE(SIDE, h, a, false, real(a));
 }
 
 typedef CUresult (*mipmap_free_fn)(CUmipmappedArray);
@@ -435,7 +269,7 @@ static CUresult body_DRV_MIPMAP_FREE(enum gg_hook h, int v, uintptr_t ra, CUmipm
     mipmap_free_fn real = REAL(mipmap_free_fn, h, v);
     (void)ra;
     MISSING(real);
-    FREE_BODY(h, (uintptr_t)a, real(a));
+    GG_HOOK_FREE(SIDE, h, a, false, real(a));
 }
 
 typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);

@@ -18,18 +18,7 @@
 #include <string.h>
 
 #include "arch.h"
-#include "arrays.h"
-#include "device.h"
-#include "driver.h"
-#include "events.h"
-#include "gate.h"
-#include "guard.h"
-#include "hooks.h"
-#include "pools.h"
-#include "prim.h"
-#include "react.h"
-#include "runtime.h"
-#include "trace.h"
+#include "hook_body.h"
 
 /* ---- the real functions, per runtime ----------------------------------------------- */
 
@@ -69,152 +58,38 @@ static GG_COLD cudaError_t missing(enum gg_rt rt, enum gg_hook h)
 
 /* ---- the bodies, one per shape ---------------------------------------------------------- */
 
-/* The runtime allocates on its current device: ask it, unless there is only
- * one. ra: the caller's return address (the module that asked). */
-static inline bool begin(struct gg_call *c, enum gg_rt rt, enum gg_hook h, uintptr_t ra,
-                         uint64_t bytes, uint8_t refusable)
-{
-    if (!bytes || !gg_enter())
-        return false;
-    c->dev = gg_device_count == 1 ? 0 : gg_runtime_device(rt);
-    c->api = (uint8_t)h;
-    c->api_name = gg_hooks[h].journal;
-    c->refusable = refusable;
-    c->pool = GG_POOL_NONE;
-    c->runtime = true;
-    c->bytes = bytes;
-    c->caller = ra;
-    return true;
-}
+/* The shared body (hook_body.h), on the runtime's side: side = the
+ * runtime's version. Its codes are the shared ones. */
+_Static_assert(cudaSuccess == GG_OK && cudaErrorMemoryAllocation == GG_OOM,
+               "the runtime's codes are hook_body.h's");
 
-/* A refusal looks like the runtime's own out-of-memory: no pointer, and
- * cudaErrorMemoryAllocation as the last error. */
-static GG_COLD cudaError_t refuse(const struct gg_call *c, const struct gg_verdict *v,
-                                  enum gg_rt rt, void **p)
-{
-    gg_react(c, v);
-    gg_runtime_set_oom(rt);
-    if (p)
-        *p = NULL;
-    if (gg_tracing())
-        gg_trace_alloc(c->api_name, c->dev, c->bytes, 0, cudaErrorMemoryAllocation, true, c->pool);
-    gg_leave();
-    return cudaErrorMemoryAllocation;
-}
-
-static inline cudaError_t end(struct gg_call *c, struct gg_verdict *v, cudaError_t r, void **p)
-{
-    if (r == cudaSuccess)
-        gg_guard_allocated(c, p ? (uintptr_t)*p : 0, v);
-    else
-        gg_guard_failed(c, r == cudaErrorMemoryAllocation, v);
-    if (gg_unlikely(gg_verdict_any(v)))
-        gg_react(c, v);
-    if (gg_tracing())
-        gg_trace_alloc(c->api_name, c->dev, c->bytes, r == cudaSuccess && p ? (uintptr_t)*p : 0,
-                       r, false, c->pool);
-    gg_leave();
-    return r;
-}
-
-/* A free the runtime accepted of memory the shim never saw allocated (made
- * through a path it does not hook): counted, said once. */
-static GG_COLD void unknown_free(enum gg_rt rt, const void *p, cudaError_t r)
-{
-    if (r != cudaSuccess)
-        return;
-    int dev = gg_device_count == 1 ? 0 : gg_runtime_device(rt);
-    if (gg_guard_unknown_free((uintptr_t)p, dev))
-        gg_events_error("freed %p, which gpuguard did not see allocated; forwarded untouched "
-                        "(said once, counted in the summary)", p);
-}
-
-static inline cudaError_t free_end(enum gg_rt rt, enum gg_hook h, void *p, bool known,
-                                   bool report, const struct gg_entry *e, uint32_t ticket,
-                                   const struct gg_verdict *v, cudaError_t r)
-{
-    if (r != cudaSuccess && gg_tracing())
-        gg_trace_failed("free", gg_hooks[h].journal, (uintptr_t)p, r);
-    if (!known) {
-        if (report)
-            unknown_free(rt, p, r);
-    }
-    else if (r != cudaSuccess)
-        gg_guard_unrelease(e, ticket);
-    else if (gg_unlikely(gg_verdict_any(v)))
-        gg_react_free(v);
-    gg_leave();
-    return r;
-}
-
-#define ADMIT_CALL(c, rt, p, CALL)                        \
-    do {                                                  \
-        struct gg_verdict v;                              \
-        if (!gg_guard_admit(&c, &v))                      \
-            return refuse(&c, &v, rt, (void **)(p));      \
-        return end(&c, &v, CALL, (void **)(p));           \
-    } while (0)
-
-#define ALLOC_BODY(rt, h, ra, bytes, refusable, p, CALL)  \
-    do {                                                  \
-        struct gg_call c;                                 \
-        if (!begin(&c, rt, h, ra, bytes, refusable))      \
-            return CALL;                                  \
-        ADMIT_CALL(c, rt, p, CALL);                       \
-    } while (0)
-
-/* `report`: a free of memory the shim never saw is said (and counted).
- * Traced before the real free: the address may be handed out again the
- * moment it returns. */
-#define FREE_BODY(rt, h, p, report, CALL)                                        \
-    do {                                                                         \
-        if (!p || !gg_enter())                                                   \
-            return CALL;                                                         \
-        struct gg_entry e;                                                       \
-        struct gg_verdict v;                                                     \
-        uint32_t ticket;                                                         \
-        bool known = gg_guard_release((uintptr_t)p, &e, &ticket, &v);           \
-        if (gg_tracing())                                                        \
-            gg_trace_free(gg_hooks[h].journal, (uintptr_t)p);                    \
-        return free_end(rt, h, p, known, report, &e, ticket, &v, CALL);          \
-    } while (0)
+#define KEY_OF(P) ((P) ? (uintptr_t) * (void **)(P) : 0)
 
 typedef cudaError_t (*alloc_fn)(void **, size_t);
 static inline cudaError_t body_RT_ALLOC(enum gg_hook h, enum gg_rt rt, uintptr_t ra, void **p,
                                         size_t n)
 {
     REAL(alloc_fn, rt, h);
-    ALLOC_BODY(rt, h, ra, n, GG_REFUSABLE, p, real(p, n));
+    GG_HOOK_ALLOC((int)rt, h, ra, n, -1, GG_REFUSABLE, p, real(p, n), KEY_OF(p));
 }
 
-/* A stream-ordered request: charged to the device of the pool that serves
- * it, judged by how much that pool must grow; a host pool's passes by.
- * pool 0: the current pool of the stream's device. */
-#define POOL_BODY(rt, h, ra, n, POOL, STREAM, P, CALL)                                  \
-    do {                                                                                \
-        struct gg_call c;                                                               \
-        if (!begin(&c, rt, h, ra, n, GG_REFUSABLE))                                     \
-            return CALL;                                                                \
-        if ((uintptr_t)(STREAM) > 2) { /* not a default stream: the stream's device */ \
-            int sd = gg_driver_stream_device(STREAM);                                   \
-            c.dev = sd >= 0 ? sd : c.dev;                                               \
-        }                                                                               \
-        if (!gg_guard_pool(&c, POOL, c.dev, gg_hooks_driver_enabled())) {               \
-            cudaError_t r = CALL;                                                       \
-            if (r == cudaSuccess && (P))                                                \
-                gg_guard_host_allocated((uintptr_t) * (P));                             \
-            gg_leave();                                                                 \
-            return r;                                                                   \
-        }                                                                               \
-        ADMIT_CALL(c, rt, P, CALL);                                                     \
-    } while (0)
+/* A stream-ordered request on stream s: on the stream's device (a default
+ * stream's is the runtime's current one); pool 0: that device's current
+ * pool (hook_body.h). */
+static inline int stream_device(cudaStream_t s)
+{
+    if ((uintptr_t)s <= 2) /* the legacy and per-thread default streams */
+        return -1;
+    return gg_driver_stream_device(s);
+}
 
 typedef cudaError_t (*async_fn)(void **, size_t, cudaStream_t);
 static inline cudaError_t body_RT_ASYNC(enum gg_hook h, enum gg_rt rt, uintptr_t ra, void **p,
                                         size_t n, cudaStream_t s)
 {
     REAL(async_fn, rt, h);
-    POOL_BODY(rt, h, ra, n, 0, s, p, real(p, n, s));
+    GG_HOOK_POOL((int)rt, h, ra, n, 0, stream_device(s), gg_hooks_driver_enabled(), p,
+                 real(p, n, s), p);
 }
 
 typedef cudaError_t (*pool_fn)(void **, size_t, cudaMemPool_t, cudaStream_t);
@@ -224,7 +99,8 @@ static inline cudaError_t body_RT_POOL(enum gg_hook h, enum gg_rt rt, uintptr_t 
     REAL(pool_fn, rt, h);
     if (!pool) /* no pool: the runtime says what is wrong */
         return real(p, n, pool, s);
-    POOL_BODY(rt, h, ra, n, (uint64_t)(uintptr_t)pool, s, p, real(p, n, pool, s));
+    GG_HOOK_POOL((int)rt, h, ra, n, (uint64_t)(uintptr_t)pool, stream_device(s),
+                 gg_hooks_driver_enabled(), p, real(p, n, pool, s), p);
 }
 
 typedef cudaError_t (*managed_fn)(void **, size_t, unsigned);
@@ -233,7 +109,7 @@ static inline cudaError_t body_RT_MANAGED(enum gg_hook h, enum gg_rt rt, uintptr
 {
     REAL(managed_fn, rt, h);
     /* Managed memory may oversubscribe the device: counted, never refused. */
-    ALLOC_BODY(rt, h, ra, n, GG_REFUSABLE_NEVER, p, real(p, n, flags));
+    GG_HOOK_ALLOC((int)rt, h, ra, n, -1, GG_REFUSABLE_NEVER, p, real(p, n, flags), KEY_OF(p));
 }
 
 typedef cudaError_t (*pitch_fn)(void **, size_t *, size_t, size_t);
@@ -241,19 +117,7 @@ static cudaError_t body_RT_PITCH(enum gg_hook h, enum gg_rt rt, uintptr_t ra, vo
                                  size_t *pitch, size_t w, size_t hgt)
 {
     REAL(pitch_fn, rt, h);
-    uint64_t bytes;
-    if (__builtin_mul_overflow((uint64_t)w, (uint64_t)hgt, &bytes))
-        bytes = UINT64_MAX; /* cannot be had: the guard refuses or the runtime fails */
-    struct gg_call c;
-    struct gg_verdict v;
-    if (!begin(&c, rt, h, ra, bytes, GG_REFUSABLE))
-        return real(p, pitch, w, hgt);
-    if (!gg_guard_admit(&c, &v))
-        return refuse(&c, &v, rt, p);
-    cudaError_t r = real(p, pitch, w, hgt);
-    if (r == cudaSuccess && pitch && !__builtin_mul_overflow((uint64_t)*pitch, (uint64_t)hgt, &bytes))
-        c.bytes = bytes; /* what the device really gave */
-    return end(&c, &v, r, p);
+    GG_HOOK_PITCH((int)rt, h, ra, w, hgt, p, pitch, p, real(p, pitch, w, hgt));
 }
 
 /* 3-D pitched memory: width bytes for each of height x depth rows, counted
@@ -270,31 +134,21 @@ static cudaError_t body_RT_3D(enum gg_hook h, enum gg_rt rt, uintptr_t ra,
         return real(pp, e);
     struct gg_call c;
     struct gg_verdict v;
-    if (!begin(&c, rt, h, ra, bytes, GG_REFUSABLE))
+    if (!gg_hook_begin(&c, (int)rt, h, ra, bytes, -1, GG_REFUSABLE))
         return real(pp, e);
     if (!gg_guard_admit(&c, &v)) {
         memset(pp, 0, sizeof *pp);
-        return refuse(&c, &v, rt, NULL);
+        return gg_hook_refuse((int)rt, &c, &v, NULL);
     }
     cudaError_t r = real(pp, e);
     if (r == cudaSuccess && !__builtin_mul_overflow((uint64_t)pp->pitch, rows, &bytes))
         c.bytes = bytes; /* what the device really gave */
-    void *ptr = r == cudaSuccess ? pp->ptr : NULL;
-    return end(&c, &v, r, &ptr);
+    return gg_hook_end(&c, &v, r, r == cudaSuccess ? (uintptr_t)pp->ptr : 0);
 }
 
-/* Arrays: the bytes their extent and channel format hold (arrays.h); one
- * the runtime will reject passes through uncounted, its error the runtime's. */
-#define ARRAY_BODY(rt, h, ra, A, DESC, W, H, D, FLAGS, LEVELS, CALL)                      \
-    do {                                                                                  \
-        uint64_t bytes;                                                                   \
-        if (!(DESC) || !gg_array_bytes(W, H, D,                                           \
-                                       gg_array_channel_bytes((DESC)->x, (DESC)->y,       \
-                                                              (DESC)->z, (DESC)->w),      \
-                                       FLAGS, LEVELS, &bytes))                            \
-            return CALL;                                                                  \
-        ALLOC_BODY(rt, h, ra, bytes, GG_REFUSABLE, A, CALL);                              \
-    } while (0)
+/* Arrays: the element size from the channel descriptor (a missing one is
+ * the runtime's to reject: it passes through uncounted). */
+#define CHANNEL_BYTES(DESC) gg_array_channel_bytes((DESC)->x, (DESC)->y, (DESC)->z, (DESC)->w)
 
 typedef cudaError_t (*array_fn)(cudaArray_t *, const struct cudaChannelFormatDesc *, size_t,
                                 size_t, unsigned);
@@ -303,7 +157,10 @@ static cudaError_t body_RT_ARRAY(enum gg_hook h, enum gg_rt rt, uintptr_t ra, cu
                                  unsigned flags)
 {
     REAL(array_fn, rt, h);
-    ARRAY_BODY(rt, h, ra, a, desc, w, hgt, 0, flags, 1, real(a, desc, w, hgt, flags));
+    if (!desc)
+        return real(a, desc, w, hgt, flags);
+    GG_HOOK_ARRAY((int)rt, h, ra, w, hgt, 0, CHANNEL_BYTES(desc), flags, 1, a,
+                  real(a, desc, w, hgt, flags), a);
 }
 
 typedef cudaError_t (*array3d_fn)(cudaArray_t *, const struct cudaChannelFormatDesc *,
@@ -313,7 +170,10 @@ static cudaError_t body_RT_ARRAY3D(enum gg_hook h, enum gg_rt rt, uintptr_t ra, 
                                    unsigned flags)
 {
     REAL(array3d_fn, rt, h);
-    ARRAY_BODY(rt, h, ra, a, desc, e.width, e.height, e.depth, flags, 1, real(a, desc, e, flags));
+    if (!desc)
+        return real(a, desc, e, flags);
+    GG_HOOK_ARRAY((int)rt, h, ra, e.width, e.height, e.depth, CHANNEL_BYTES(desc), flags, 1, a,
+                  real(a, desc, e, flags), a);
 }
 
 typedef cudaError_t (*mipmap_fn)(cudaMipmappedArray_t *, const struct cudaChannelFormatDesc *,
@@ -323,15 +183,17 @@ static cudaError_t body_RT_MIPMAP(enum gg_hook h, enum gg_rt rt, uintptr_t ra,
                                   struct cudaExtent e, unsigned levels, unsigned flags)
 {
     REAL(mipmap_fn, rt, h);
-    ARRAY_BODY(rt, h, ra, a, desc, e.width, e.height, e.depth, flags, levels,
-               real(a, desc, e, levels, flags));
+    if (!desc)
+        return real(a, desc, e, levels, flags);
+    GG_HOOK_ARRAY((int)rt, h, ra, e.width, e.height, e.depth, CHANNEL_BYTES(desc), flags, levels,
+                  a, real(a, desc, e, levels, flags), a);
 }
 
 typedef cudaError_t (*free_fn)(void *);
 static inline cudaError_t body_RT_FREE(enum gg_hook h, enum gg_rt rt, void *p)
 {
     REAL(free_fn, rt, h);
-    FREE_BODY(rt, h, p, true, real(p));
+    GG_HOOK_FREE((int)rt, h, p, true, real(p));
 }
 
 typedef cudaError_t (*free_async_fn)(void *, cudaStream_t);
@@ -339,7 +201,7 @@ static inline cudaError_t body_RT_FREE_ASYNC(enum gg_hook h, enum gg_rt rt, void
                                              cudaStream_t s)
 {
     REAL(free_async_fn, rt, h);
-    FREE_BODY(rt, h, p, true, real(p, s));
+    GG_HOOK_FREE((int)rt, h, p, true, real(p, s));
 }
 
 /* An array the shim did not count (sparse, deferred) is no surprise. */
@@ -347,7 +209,7 @@ typedef cudaError_t (*free_array_fn)(cudaArray_t);
 static cudaError_t body_RT_FREE_ARRAY(enum gg_hook h, enum gg_rt rt, cudaArray_t a)
 {
     REAL(free_array_fn, rt, h);
-    FREE_BODY(rt, h, a, false, real(a));
+    GG_HOOK_FREE((int)rt, h, a, false, real(a));
 }
 
 typedef cudaError_t (*free_mipmap_fn)(cudaMipmappedArray_t);
@@ -355,7 +217,7 @@ static cudaError_t body_RT_FREE_MIPMAP(enum gg_hook h, enum gg_rt rt,
                                        cudaMipmappedArray_t a)
 {
     REAL(free_mipmap_fn, rt, h);
-    FREE_BODY(rt, h, a, false, real(a));
+    GG_HOOK_FREE((int)rt, h, a, false, real(a));
 }
 
 typedef cudaError_t (*meminfo_fn)(size_t *, size_t *);
@@ -365,7 +227,7 @@ static cudaError_t body_RT_MEMINFO(enum gg_hook h, enum gg_rt rt, size_t *free_b
     REAL(meminfo_fn, rt, h);
     cudaError_t r = real(free_b, total_b);
     if (r == cudaSuccess && gg_enter()) {
-        int dev = gg_device_count == 1 ? 0 : gg_runtime_device(rt);
+        int dev = gg_hook_device((int)rt, -1);
         gg_guard_meminfo(dev, free_b, total_b);
         if (gg_tracing() && free_b && total_b)
             gg_trace_meminfo(gg_hooks[h].journal, dev, *free_b, *total_b);

@@ -1,6 +1,6 @@
 /* life.c - layer 5: the shim's life: lazy start, the gate, fork, exit
- * (see gate.h). */
-#include "gate.h"
+ * (see life.h). */
+#include "life.h"
 
 #include <dlfcn.h>
 #include <limits.h>

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "driver.h"
-#include "gate.h"
+#include "life.h"
 #include "hooks.h"
 #include "prim.h"
 #include "settings.h"

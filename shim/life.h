@@ -1,4 +1,4 @@
-/* gate.h - layer 5: the shim's state and the hook gate.
+/* life.h - layer 5: the shim's life: its state, the hook gate, start, fork, exit.
  *
  * Nothing happens when the library is loaded. The first intercepted CUDA
  * call starts the guard (life.c); a process that never calls CUDA is never
@@ -7,8 +7,8 @@
  * runtime calling the driver through a hook the shim handed it) pass
  * straight through, so nothing is counted twice (DESIGN.md section 2.2).
  */
-#ifndef GG_GATE_H
-#define GG_GATE_H
+#ifndef GG_LIFE_H
+#define GG_LIFE_H
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -85,4 +85,4 @@ void gg_life_step(uint64_t step);
 /* Write the summary now if it has not been written (exit path). */
 void gg_life_finish(void);
 
-#endif /* GG_GATE_H */
+#endif /* GG_LIFE_H */
