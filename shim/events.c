@@ -1,4 +1,5 @@
-/* events.c - layer 4: the journal's events (see events.h). */
+/* events.c - layer 4: the journal's events (see events.h), written from
+ * their schema, events.def. */
 #include "events.h"
 
 #include <stdarg.h>
@@ -17,21 +18,75 @@
 #include "steps.h"
 #include "symbolize.h"
 
+/* ---- the schema: events.def ------------------------------------------------------ */
+
+/* Every event, with the line budget it is written under. */
+enum gg_event {
+#define EVENT(ev, budget, fields, meaning) GG_EVENT_##ev,
+#define PART(part, meaning)
+#define FIELD(ev, id, key, parent, type, use, meaning)
+#include "events.def"
+#undef FIELD
+#undef PART
+#undef EVENT
+    GG_EVENTS
+};
+
+static const struct {
+    const char *name;
+    enum gg_line budget;
+} event_info[GG_EVENTS] = {
+#define EVENT(ev, budget, fields, meaning) [GG_EVENT_##ev] = {#ev, GG_LINE_##budget},
+#define PART(part, meaning)
+#define FIELD(ev, id, key, parent, type, use, meaning)
+#include "events.def"
+#undef FIELD
+#undef PART
+#undef EVENT
+};
+
+/* Every field, by event (or part) and id: F(ev, id) is the key events.def
+ * gives it, and a key without a row there does not compile. */
+enum gg_field {
+#define EVENT(ev, budget, fields, meaning)
+#define PART(part, meaning)
+#define FIELD(ev, id, key, parent, type, use, meaning) GG_FIELD_##ev##_##id,
+#include "events.def"
+#undef FIELD
+#undef PART
+#undef EVENT
+    GG_FIELDS
+};
+
+static const char *const field_key[GG_FIELDS] = {
+#define EVENT(ev, budget, fields, meaning)
+#define PART(part, meaning)
+#define FIELD(ev, id, key, parent, type, use, meaning) [GG_FIELD_##ev##_##id] = #key,
+#include "events.def"
+#undef FIELD
+#undef PART
+#undef EVENT
+};
+
+#define F(ev, id) (field_key[GG_FIELD_##ev##_##id])
+#define EV(ev) GG_EVENT_##ev
+
 /* {"t":<seconds since start>,"ev":...: t is now, but for a line about an
  * earlier moment (a timeline point). */
-static void open_line(struct gg_json *j, char *buf, size_t cap, const char *ev, double t)
+static void open_line(struct gg_json *j, char *buf, size_t cap, enum gg_event ev, double t)
 {
     gg_json_init(j, buf, cap);
     gg_json_obj(j);
     gg_json_kf64(j, "t", t);
-    gg_json_kstr(j, "ev", ev);
+    gg_json_kstr(j, "ev", event_info[ev].name);
 }
 
-/* A line of this kind may be written (budget.h): begin it, in a buffer of
- * cap bytes on the side stack (prim.h: a thread's own stack may be small),
- * or on the heap when the side stack has no room. */
-static bool begin(struct gg_json *j, size_t cap, const char *ev, enum gg_line kind)
+/* A line of event ev may be written (its budget, budget.h): begin it, in a
+ * buffer of cap bytes on the side stack (prim.h: a thread's own stack may
+ * be small), or on the heap when the side stack has no room. */
+static bool begin(struct gg_json *j, size_t cap, enum gg_event ev)
 {
+    enum gg_line kind = event_info[ev].budget;
     if (kind != GG_LINE_ALWAYS && !gg_budget_take(kind))
         return false;
     open_line(j, gg_side_push(cap), cap, ev, gg_clock_since_start());
@@ -44,12 +99,12 @@ static GG_COLD void say_lost(uint64_t n)
 {
     char buf[256];
     struct gg_json j;
-    open_line(&j, buf, sizeof buf, "error", gg_clock_since_start());
+    open_line(&j, buf, sizeof buf, EV(error), gg_clock_since_start());
     char msg[160];
     snprintf(msg, sizeof msg, "%llu journal line%s lost: the journal could not be written "
              "(full disk?)", (unsigned long long)n, n == 1 ? "" : "s");
-    gg_json_kstr(&j, "message", msg);
-    gg_json_ku64(&j, "lost", n);
+    gg_json_kstr(&j, F(error, message), msg);
+    gg_json_ku64(&j, F(error, lost), n);
     gg_json_obj_end(&j);
     gg_json_raw_newline(&j);
     if (!j.failed && gg_journal_write_note(j.buf, j.len))
@@ -79,24 +134,25 @@ static void end(struct gg_json *j)
     gg_side_pop(j->origin);
 }
 
-/* "pystack": the site's Python frames [{file, line, func}], innermost
- * first; and for a stack with none, "thread": the name of the thread that
- * made it (autograd's, NCCL's), when known. */
-static void python_frames(struct gg_json *j, gg_site site, const char *key)
+/* key: the site's Python frames [pyframe], innermost first; and for a
+ * stack with none, thread_key: the name of the thread that made it
+ * (autograd's, NCCL's), when known. */
+static void python_frames(struct gg_json *j, gg_site site, const char *key,
+                          const char *thread_key)
 {
     const struct gg_stack_note *n = gg_stack_note(site);
     gg_json_key(j, key);
     gg_json_arr(j);
     for (int i = 0; n && i < n->npy; i++) {
         gg_json_obj(j);
-        gg_json_kstr(j, "file", n->py[i].file);
-        gg_json_ki64(j, "line", n->py[i].line);
-        gg_json_kstr(j, "func", n->py[i].func);
+        gg_json_kstr(j, F(pyframe, file), n->py[i].file);
+        gg_json_ki64(j, F(pyframe, line), n->py[i].line);
+        gg_json_kstr(j, F(pyframe, func), n->py[i].func);
         gg_json_obj_end(j);
     }
     gg_json_arr_end(j);
     if (n && !n->npy && n->thread[0])
-        gg_json_kstr(j, "thread", n->thread);
+        gg_json_kstr(j, thread_key, n->thread);
 }
 
 void gg_events_stack(struct gg_json *j, gg_site site)
@@ -108,11 +164,11 @@ void gg_events_stack(struct gg_json *j, gg_site site)
         struct gg_frame_info fi;
         gg_symbolize(ips[i], &fi);
         gg_json_obj(j);
-        gg_json_key(j, "ip");
+        gg_json_key(j, F(frame, ip));
         gg_json_hex(j, ips[i]);
-        gg_json_kstr(j, "module", fi.module);
-        gg_json_kstr(j, "sym", fi.sym);
-        gg_json_key(j, "off");
+        gg_json_kstr(j, F(frame, module), fi.module);
+        gg_json_kstr(j, F(frame, sym), fi.sym);
+        gg_json_key(j, F(frame, off));
         if (fi.has_off)
             gg_json_u64(j, fi.off);
         else
@@ -125,20 +181,20 @@ void gg_events_stack(struct gg_json *j, gg_site site)
 void gg_events_start(const char *comm, const char *host, long rank)
 {
     struct gg_json j;
-    if (!begin(&j, 8192, "start", GG_LINE_ALWAYS))
+    if (!begin(&j, 8192, EV(start)))
         return;
-    gg_json_ki64(&j, "pid", (int64_t)getpid());
-    gg_json_kf64(&j, "wall", gg_wall_s()); /* aligns the journals of several ranks */
-    gg_json_kstr(&j, "comm", comm);
-    gg_json_kstr(&j, "host", host);
-    gg_json_key(&j, "rank");
+    gg_json_ki64(&j, F(start, pid), (int64_t)getpid());
+    gg_json_kf64(&j, F(start, wall), gg_wall_s()); /* aligns the journals of several ranks */
+    gg_json_kstr(&j, F(start, comm), comm);
+    gg_json_kstr(&j, F(start, host), host);
+    gg_json_key(&j, F(start, rank));
     if (rank >= 0)
         gg_json_i64(&j, rank);
     else
         gg_json_null(&j);
-    gg_json_kstr(&j, "version", GPUGUARD_VERSION);
-    gg_json_kstr(&j, "mode", gg_device_count ? gg_mode_name(gg_devices[0].mode) : "auto");
-    gg_json_key(&j, "devices");
+    gg_json_kstr(&j, F(start, version), GPUGUARD_VERSION);
+    gg_json_kstr(&j, F(start, mode), gg_device_count ? gg_mode_name(gg_devices[0].mode) : "auto");
+    gg_json_key(&j, F(start, devices));
     gg_json_arr(&j);
     for (int i = 0; i < gg_device_count; i++) {
         const struct gg_device *d = &gg_devices[i];
@@ -146,19 +202,19 @@ void gg_events_start(const char *comm, const char *host, long rank)
         char cc[16];
         snprintf(cc, sizeof cc, "%d.%d", d->cc_major, d->cc_minor);
         gg_json_obj(&j);
-        gg_json_ki64(&j, "dev", i);
-        gg_json_kstr(&j, "name", d->name);
-        gg_json_ku64(&j, "total", d->total);
-        gg_json_kstr(&j, "cc", cc);
-        gg_json_kstr(&j, "policy", p->file[0] ? p->file : "(built-in)");
-        gg_json_key(&j, "limit");
+        gg_json_ki64(&j, F(start, dev), i);
+        gg_json_kstr(&j, F(start, name), d->name);
+        gg_json_ku64(&j, F(start, total), d->total);
+        gg_json_kstr(&j, F(start, cc), cc);
+        gg_json_kstr(&j, F(start, policy), p->file[0] ? p->file : "(built-in)");
+        gg_json_key(&j, F(start, limit));
         if (d->total)
             gg_json_u64(&j, d->limit);
         else
             gg_json_null(&j);
-        gg_json_kstr(&j, "mode", gg_mode_name(d->mode));
-        gg_json_ku64(&j, "headroom", d->total ? d->total - d->limit : 0);
-        gg_json_ku64(&j, "near_miss", d->near);
+        gg_json_kstr(&j, F(start, dev_mode), gg_mode_name(d->mode));
+        gg_json_ku64(&j, F(start, headroom), d->total ? d->total - d->limit : 0);
+        gg_json_ku64(&j, F(start, near_miss), d->near);
         gg_json_obj_end(&j);
     }
     gg_json_arr_end(&j);
@@ -168,20 +224,17 @@ void gg_events_start(const char *comm, const char *host, long rank)
 void gg_events_mode(int dev, const char *mode, const char *why)
 {
     struct gg_json j;
-    if (!begin(&j, 256, "mode", GG_LINE_MODE))
+    if (!begin(&j, 256, EV(mode)))
         return;
-    gg_json_ki64(&j, "dev", dev);
-    gg_json_kstr(&j, "mode", mode);
-    gg_json_kstr(&j, "why", why);
+    gg_json_ki64(&j, F(mode, dev), dev);
+    gg_json_kstr(&j, F(mode, mode), mode);
+    gg_json_kstr(&j, F(mode, why), why);
     end(&j);
 }
 
-static const char *const incident_names[] = {
-    [GG_INCIDENT_NEAR_MISS] = "near_miss", [GG_INCIDENT_REFUSED] = "refused",
-    [GG_INCIDENT_OOM] = "oom"};
-static const enum gg_line incident_lines[] = {
-    [GG_INCIDENT_NEAR_MISS] = GG_LINE_NEAR_MISS, [GG_INCIDENT_REFUSED] = GG_LINE_REFUSED,
-    [GG_INCIDENT_OOM] = GG_LINE_OOM};
+static const enum gg_event incident_event[] = {
+    [GG_INCIDENT_NEAR_MISS] = EV(near_miss), [GG_INCIDENT_REFUSED] = EV(refused),
+    [GG_INCIDENT_OOM] = EV(oom)};
 
 void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v)
 {
@@ -189,55 +242,55 @@ void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v)
     if (!d || v->incident == GG_INCIDENT_NONE)
         return;
     struct gg_json j;
-    if (!begin(&j, 4096, incident_names[v->incident], incident_lines[v->incident]))
+    if (!begin(&j, 4096, incident_event[v->incident]))
         return;
-    gg_json_ki64(&j, "dev", c->dev);
-    gg_json_kstr(&j, "api", c->api_name);
-    gg_json_ku64(&j, "bytes", c->bytes);
-    gg_json_ku64(&j, "used", v->used);
-    gg_json_ku64(&j, "limit", d->limit);
-    gg_json_ku64(&j, "total", d->total);
-    gg_json_ku64(&j, "count", v->count); /* this site's, this kind: lines are thinned */
+    gg_json_ki64(&j, F(incident, dev), c->dev);
+    gg_json_kstr(&j, F(incident, api), c->api_name);
+    gg_json_ku64(&j, F(incident, bytes), c->bytes);
+    gg_json_ku64(&j, F(incident, used), v->used);
+    gg_json_ku64(&j, F(incident, limit), d->limit);
+    gg_json_ku64(&j, F(incident, total), d->total);
+    gg_json_ku64(&j, F(incident, count), v->count); /* this site's, this kind: lines are thinned */
     if (v->incident == GG_INCIDENT_NEAR_MISS && v->over_limit)
-        gg_json_kbool(&j, "over_limit", true);
+        gg_json_kbool(&j, F(incident, over_limit), true);
     if (v->spared)
-        gg_json_kstr(&j, "spared", "never_refuse"); /* enforcing, and let through */
+        gg_json_kstr(&j, F(incident, spared), "never_refuse"); /* enforcing, and let through */
     char module[64];
-    gg_json_key(&j, "caller"); /* the module that asked (DESIGN.md 2.3) */
+    gg_json_key(&j, F(incident, caller)); /* the module that asked (DESIGN.md 2.3) */
     if (gg_callers_module(c->caller, module, sizeof module))
         gg_json_str(&j, module);
     else
         gg_json_null(&j);
     if (c->pool) /* a pool's request: what the device grew by, beside what was asked */
-        gg_json_ku64(&j, "grows", c->grows);
+        gg_json_ku64(&j, F(incident, grows), c->grows);
     /* the process's bytes on the device (its pools' whole reservations), and
      * what it has handed out of them, PyTorch's reserved beside allocated */
     uint64_t cur = atomic_load(&d->current), pr = atomic_load(&d->pool_reserved),
              pu = atomic_load(&d->pool_used);
-    gg_json_ku64(&j, "reserved", cur);
-    gg_json_ku64(&j, "allocated", cur - pr + pu);
-    gg_json_key(&j, "stack");
+    gg_json_ku64(&j, F(incident, reserved), cur);
+    gg_json_ku64(&j, F(incident, allocated), cur - pr + pu);
+    gg_json_key(&j, F(incident, stack));
     gg_events_stack(&j, c->site);
-    python_frames(&j, c->site, "pystack");
+    python_frames(&j, c->site, F(incident, pystack), F(incident, thread));
     end(&j);
 }
 
 void gg_events_advice(const struct gg_advice *a, bool signaled, const struct gg_step_verdict *fc)
 {
     struct gg_json j;
-    if (!begin(&j, 512, "advice", GG_LINE_ADVICE))
+    if (!begin(&j, 512, EV(advice)))
         return;
-    gg_json_ku64(&j, "seq", a->seq);
-    gg_json_ki64(&j, "dev", a->dev);
-    gg_json_ki64(&j, "batch_size", a->batch_size);
-    gg_json_ki64(&j, "grad_accum", a->grad_accum);
-    gg_json_kstr(&j, "reason", a->reason);
-    gg_json_kbool(&j, "signaled", signaled);
+    gg_json_ku64(&j, F(advice, seq), a->seq);
+    gg_json_ki64(&j, F(advice, dev), a->dev);
+    gg_json_ki64(&j, F(advice, batch_size), a->batch_size);
+    gg_json_ki64(&j, F(advice, grad_accum), a->grad_accum);
+    gg_json_kstr(&j, F(advice, reason), a->reason);
+    gg_json_kbool(&j, F(advice, signaled), signaled);
     if (fc) {
-        gg_json_key(&j, "forecast");
+        gg_json_key(&j, F(advice, forecast));
         gg_json_obj(&j);
-        gg_json_ku64(&j, "step", fc->fc_step);
-        gg_json_ku64(&j, "bytes", fc->fc_bytes);
+        gg_json_ku64(&j, F(advice, fc_step), fc->fc_step);
+        gg_json_ku64(&j, F(advice, fc_bytes), fc->fc_bytes);
         gg_json_obj_end(&j);
     }
     end(&j);
@@ -246,39 +299,39 @@ void gg_events_advice(const struct gg_advice *a, bool signaled, const struct gg_
 void gg_events_step(int dev, uint64_t step, const struct gg_step_verdict *v)
 {
     struct gg_json j;
-    if (!begin(&j, 256, "step", GG_LINE_STEP))
+    if (!begin(&j, 256, EV(step)))
         return;
-    gg_json_ku64(&j, "step", step);
-    gg_json_ki64(&j, "dev", dev);
-    gg_json_ku64(&j, "peak", v->w.peak);
-    gg_json_ku64(&j, "peak_used", v->w.peak_used);
-    gg_json_ku64(&j, "live", v->w.live);
+    gg_json_ku64(&j, F(step, step), step);
+    gg_json_ki64(&j, F(step, dev), dev);
+    gg_json_ku64(&j, F(step, peak), v->w.peak);
+    gg_json_ku64(&j, F(step, peak_used), v->w.peak_used);
+    gg_json_ku64(&j, F(step, live), v->w.live);
     end(&j);
 }
 
 void gg_events_leak(int dev, uint64_t step, const struct gg_step_verdict *v)
 {
     struct gg_json j;
-    if (!begin(&j, 8192, "leak", GG_LINE_LEAK))
+    if (!begin(&j, 8192, EV(leak)))
         return;
-    gg_json_ki64(&j, "dev", dev);
-    gg_json_ku64(&j, "since_step", v->since_step);
-    gg_json_ku64(&j, "step", step);
-    gg_json_ku64(&j, "rate", v->rate);
-    gg_json_ku64(&j, "live", v->w.live);
-    gg_json_key(&j, "projected_step");
+    gg_json_ki64(&j, F(leak, dev), dev);
+    gg_json_ku64(&j, F(leak, since_step), v->since_step);
+    gg_json_ku64(&j, F(leak, step), step);
+    gg_json_ku64(&j, F(leak, rate), v->rate);
+    gg_json_ku64(&j, F(leak, live), v->w.live);
+    gg_json_key(&j, F(leak, projected_step));
     if (v->projected_step)
         gg_json_u64(&j, v->projected_step);
     else
         gg_json_null(&j);
-    gg_json_key(&j, "sites");
+    gg_json_key(&j, F(leak, sites));
     gg_json_arr(&j);
     for (size_t k = 0; k < v->nsites; k++) {
         gg_json_obj(&j);
-        gg_json_key(&j, "stack");
+        gg_json_key(&j, F(leak, site_stack));
         gg_events_stack(&j, v->sites[k].site);
-        python_frames(&j, v->sites[k].site, "pystack");
-        gg_json_ku64(&j, "bytes", v->sites[k].bytes);
+        python_frames(&j, v->sites[k].site, F(leak, site_pystack), F(leak, site_thread));
+        gg_json_ku64(&j, F(leak, site_bytes), v->sites[k].bytes);
         gg_json_obj_end(&j);
     }
     gg_json_arr_end(&j);
@@ -289,16 +342,16 @@ void gg_events_batch(int dev, int batch_size, int grad_accum, const struct gg_wi
                      bool final)
 {
     struct gg_json j;
-    if (!begin(&j, 256, "batch", GG_LINE_BATCH))
+    if (!begin(&j, 256, EV(batch)))
         return;
-    gg_json_ki64(&j, "dev", dev);
-    gg_json_ki64(&j, "batch_size", batch_size);
-    gg_json_ki64(&j, "grad_accum", grad_accum);
-    gg_json_ku64(&j, "peak", w->peak);
-    gg_json_ku64(&j, "peak_used", w->peak_used);
-    gg_json_ku64(&j, "live", w->live);
+    gg_json_ki64(&j, F(batch, dev), dev);
+    gg_json_ki64(&j, F(batch, batch_size), batch_size);
+    gg_json_ki64(&j, F(batch, grad_accum), grad_accum);
+    gg_json_ku64(&j, F(batch, peak), w->peak);
+    gg_json_ku64(&j, F(batch, peak_used), w->peak_used);
+    gg_json_ku64(&j, F(batch, live), w->live);
     if (final)
-        gg_json_kbool(&j, "final", true);
+        gg_json_kbool(&j, F(batch, final), true);
     end(&j);
 }
 
@@ -306,21 +359,21 @@ void gg_events_sample(int dev, uint64_t current, uint64_t used, double t)
 {
     char buf[256];
     struct gg_json j;
-    if (!gg_budget_take(GG_LINE_SAMPLE))
+    if (!gg_budget_take(event_info[EV(sample)].budget))
         return;
-    open_line(&j, buf, sizeof buf, "sample", t);
-    gg_json_ki64(&j, "dev", dev);
-    gg_json_ku64(&j, "current", current);
-    gg_json_ku64(&j, "used", used);
+    open_line(&j, buf, sizeof buf, EV(sample), t);
+    gg_json_ki64(&j, F(sample, dev), dev);
+    gg_json_ku64(&j, F(sample, current), current);
+    gg_json_ku64(&j, F(sample, used), used);
     end(&j);
 }
 
 void gg_events_note(const char *text)
 {
     struct gg_json j;
-    if (!begin(&j, 4096, "note", GG_LINE_NOTE))
+    if (!begin(&j, 4096, EV(note)))
         return;
-    gg_json_kstr(&j, "text", text);
+    gg_json_kstr(&j, F(note, text), text);
     end(&j);
 }
 
@@ -332,9 +385,9 @@ void gg_events_problem(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (!begin(&j, 2048, "error", GG_LINE_ERROR))
+    if (!begin(&j, 2048, EV(error)))
         return;
-    gg_json_kstr(&j, "message", msg);
+    gg_json_kstr(&j, F(error, message), msg);
     end(&j);
 }
 
@@ -363,24 +416,24 @@ static void arch_codes(struct gg_json *j, const char *key, const struct gg_fatbi
 void gg_events_arch(const struct gg_arch_event *e)
 {
     struct gg_json j;
-    if (!begin(&j, 4096, "arch", GG_LINE_ARCH))
+    if (!begin(&j, 4096, EV(arch)))
         return;
-    gg_json_ki64(&j, "dev", e->dev);
-    gg_json_kstr(&j, "cc", e->cc);
-    gg_json_kstr(&j, "module", e->module);
-    arch_codes(&j, "sass", e->fb, GG_FATBIN_SASS);
-    arch_codes(&j, "ptx", e->fb, GG_FATBIN_PTX);
-    gg_json_kbool(&j, "ok", e->ok);
-    gg_json_kstr(&j, "message", e->message);
-    gg_json_key(&j, "devs");
+    gg_json_ki64(&j, F(arch, dev), e->dev);
+    gg_json_kstr(&j, F(arch, cc), e->cc);
+    gg_json_kstr(&j, F(arch, module), e->module);
+    arch_codes(&j, F(arch, sass), e->fb, GG_FATBIN_SASS);
+    arch_codes(&j, F(arch, ptx), e->fb, GG_FATBIN_PTX);
+    gg_json_kbool(&j, F(arch, ok), e->ok);
+    gg_json_kstr(&j, F(arch, message), e->message);
+    gg_json_key(&j, F(arch, devs));
     gg_json_arr(&j);
     for (int k = 0; k < e->ndevs; k++)
         gg_json_i64(&j, e->devs[k]);
     gg_json_arr_end(&j);
-    gg_json_kstr(&j, "source", e->from_memory ? "registered" : "file");
-    gg_json_ku64(&j, "fatbins", e->fb->fatbins);
-    gg_json_ku64(&j, "read_bytes", e->fb->bytes_read);
-    gg_json_ku64(&j, "read_us", e->read_us);
+    gg_json_kstr(&j, F(arch, source), e->from_memory ? "registered" : "file");
+    gg_json_ku64(&j, F(arch, fatbins), e->fb->fatbins);
+    gg_json_ku64(&j, F(arch, read_bytes), e->fb->bytes_read);
+    gg_json_ku64(&j, F(arch, read_us), e->read_us);
     end(&j);
 }
 
@@ -392,10 +445,10 @@ void gg_events_error(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (!begin(&j, 2048, "error", GG_LINE_ERROR))
+    if (!begin(&j, 2048, EV(error)))
         return; /* nor on stderr: errors are bounded there too */
     gg_say("%s", msg);
-    gg_json_kstr(&j, "message", msg);
+    gg_json_kstr(&j, F(error, message), msg);
     end(&j);
 }
 
@@ -414,14 +467,14 @@ static void peak_sites(struct gg_json *j, int dev, uint64_t peak)
     for (size_t k = 0; k <= n; k++) {
         if (rest && (k == n || top[k].bytes < rest)) {
             gg_json_obj(j);
-            gg_json_key(j, "stack");
+            gg_json_key(j, F(summary, site_stack));
             gg_json_arr(j);
             gg_json_arr_end(j);
-            gg_json_key(j, "pystack");
+            gg_json_key(j, F(summary, site_pystack));
             gg_json_arr(j);
             gg_json_arr_end(j);
-            gg_json_ku64(j, "bytes", rest);
-            gg_json_key(j, "allocs");
+            gg_json_ku64(j, F(summary, site_bytes), rest);
+            gg_json_key(j, F(summary, site_allocs));
             gg_json_null(j);
             gg_json_obj_end(j);
             rest = 0;
@@ -429,11 +482,11 @@ static void peak_sites(struct gg_json *j, int dev, uint64_t peak)
         if (k == n)
             break;
         gg_json_obj(j);
-        gg_json_key(j, "stack");
+        gg_json_key(j, F(summary, site_stack));
         gg_events_stack(j, top[k].site);
-        python_frames(j, top[k].site, "pystack");
-        gg_json_ku64(j, "bytes", top[k].bytes);
-        gg_json_ku64(j, "allocs", top[k].allocs);
+        python_frames(j, top[k].site, F(summary, site_pystack), F(summary, site_thread));
+        gg_json_ku64(j, F(summary, site_bytes), top[k].bytes);
+        gg_json_ku64(j, F(summary, site_allocs), top[k].allocs);
         gg_json_obj_end(j);
     }
     gg_json_arr_end(j);
@@ -460,11 +513,11 @@ bool gg_events_suppressed(uint64_t *base)
     if (!any)
         return false;
     struct gg_json j;
-    if (!begin(&j, 1024, "suppressed", GG_LINE_ALWAYS))
+    if (!begin(&j, 1024, EV(suppressed)))
         return false;
-    gg_json_key(&j, "since"); /* since the last suppressed line */
+    gg_json_key(&j, F(suppressed, since)); /* since the last suppressed line */
     suppressed_counts(&j, base);
-    gg_json_key(&j, "total");
+    gg_json_key(&j, F(suppressed, total));
     suppressed_counts(&j, NULL);
     end(&j);
     for (int k = 0; k < GG_LINES; k++)
@@ -475,51 +528,51 @@ bool gg_events_suppressed(uint64_t *base)
 void gg_events_summary(double duration, bool with_stacks)
 {
     struct gg_json j;
-    if (!begin(&j, 16384, "summary", GG_LINE_ALWAYS))
+    if (!begin(&j, 16384, EV(summary)))
         return;
-    gg_json_kf64(&j, "duration", duration);
-    gg_json_ku64(&j, "sites", gg_sites_count()); /* distinct stacks stored */
-    gg_json_key(&j, "suppressed"); /* lines left out by the budgets, per kind */
+    gg_json_kf64(&j, F(summary, duration), duration);
+    gg_json_ku64(&j, F(summary, sites), gg_sites_count()); /* distinct stacks stored */
+    gg_json_key(&j, F(summary, suppressed)); /* lines left out by the budgets, per kind */
     suppressed_counts(&j, NULL);
-    gg_json_ku64(&j, "lost_lines", gg_journal_lost()); /* lines the journal could not take */
+    gg_json_ku64(&j, F(summary, lost_lines), gg_journal_lost()); /* lines the journal could not take */
     if (!with_stacks)
-        gg_json_kstr(&j, "partial", "exit interrupted the shim: stacks and sites left out");
-    gg_json_key(&j, "devices");
+        gg_json_kstr(&j, F(summary, partial), "exit interrupted the shim: stacks and sites left out");
+    gg_json_key(&j, F(summary, devices));
     gg_json_arr(&j);
     for (int i = 0; i < gg_device_count; i++) {
         struct gg_device *d = &gg_devices[i];
         uint64_t allocs = gg_ledger_allocs(i), frees = gg_ledger_frees(i);
         uint64_t peak = gg_device_peak(d);
         gg_json_obj(&j);
-        gg_json_ki64(&j, "dev", i);
-        gg_json_kstr(&j, "name", d->name);
-        gg_json_ku64(&j, "total", d->total);
-        gg_json_ku64(&j, "limit", d->total ? d->limit : 0);
-        gg_json_ku64(&j, "peak", peak);
-        gg_json_ku64(&j, "peak_used", gg_device_peak_used(d));
-        gg_json_ku64(&j, "allocs", allocs);
-        gg_json_ku64(&j, "frees", frees);
-        gg_json_ku64(&j, "near_misses", atomic_load(&d->near_misses));
-        gg_json_ku64(&j, "refusals", atomic_load(&d->refusals));
-        gg_json_ku64(&j, "ooms", atomic_load(&d->ooms));
-        gg_json_ku64(&j, "live_bytes", atomic_load(&d->current));
-        gg_json_ku64(&j, "live_allocs", allocs - frees);
+        gg_json_ki64(&j, F(summary, dev), i);
+        gg_json_kstr(&j, F(summary, name), d->name);
+        gg_json_ku64(&j, F(summary, total), d->total);
+        gg_json_ku64(&j, F(summary, limit), d->total ? d->limit : 0);
+        gg_json_ku64(&j, F(summary, peak), peak);
+        gg_json_ku64(&j, F(summary, peak_used), gg_device_peak_used(d));
+        gg_json_ku64(&j, F(summary, allocs), allocs);
+        gg_json_ku64(&j, F(summary, frees), frees);
+        gg_json_ku64(&j, F(summary, near_misses), atomic_load(&d->near_misses));
+        gg_json_ku64(&j, F(summary, refusals), atomic_load(&d->refusals));
+        gg_json_ku64(&j, F(summary, ooms), atomic_load(&d->ooms));
+        gg_json_ku64(&j, F(summary, live_bytes), atomic_load(&d->current));
+        gg_json_ku64(&j, F(summary, live_allocs), allocs - frees);
         /* Stream-ordered pools: the process's bytes on the device (reserved)
          * beside what it has handed out (allocated); what its pools hold, of
          * it handed out, and the most they held. */
         uint64_t cur = atomic_load(&d->current), pr = atomic_load(&d->pool_reserved),
                  pu = atomic_load(&d->pool_used);
-        gg_json_ku64(&j, "reserved", cur);
-        gg_json_ku64(&j, "allocated", cur - pr + pu);
-        gg_json_ku64(&j, "pool_reserved", pr);
-        gg_json_ku64(&j, "pool_allocated", pu);
-        gg_json_ku64(&j, "peak_pool_reserved", atomic_load(&d->peak_pool_reserved));
-        gg_json_ku64(&j, "unknown_frees", atomic_load(&d->unknown_frees));
+        gg_json_ku64(&j, F(summary, reserved), cur);
+        gg_json_ku64(&j, F(summary, allocated), cur - pr + pu);
+        gg_json_ku64(&j, F(summary, pool_reserved), pr);
+        gg_json_ku64(&j, F(summary, pool_allocated), pu);
+        gg_json_ku64(&j, F(summary, peak_pool_reserved), atomic_load(&d->peak_pool_reserved));
+        gg_json_ku64(&j, F(summary, unknown_frees), atomic_load(&d->unknown_frees));
         gg_site at_peak = with_stacks ? atomic_load(&d->peak_site) : GG_SITE_NONE;
-        gg_json_key(&j, "peak_stack");
+        gg_json_key(&j, F(summary, peak_stack));
         gg_events_stack(&j, at_peak);
-        python_frames(&j, at_peak, "peak_pystack");
-        gg_json_key(&j, "peak_sites");
+        python_frames(&j, at_peak, F(summary, peak_pystack), F(summary, peak_thread));
+        gg_json_key(&j, F(summary, peak_sites));
         if (with_stacks) {
             peak_sites(&j, i, peak);
         } else {
