@@ -162,8 +162,11 @@ install: all
 # The helper package exactly as `pip install tools/python` installs it: its
 # modules and nothing else (a module an older version had goes away).
 	rm -rf $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard
-	install -d $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard
+	install -d $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/journal \
+	  $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/report
 	install -m 0644 tools/python/gpuguard/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/
+	install -m 0644 tools/python/gpuguard/journal/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/journal/
+	install -m 0644 tools/python/gpuguard/report/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/report/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|0.1.0|g' tools/gpuguard.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/gpuguard.pc
 

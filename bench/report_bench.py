@@ -26,6 +26,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPORT = os.path.join(ROOT, "tools", "gpuguard-report")
+PYHELPER = os.path.join(ROOT, "tools", "python")
 GEN = os.path.join(ROOT, "tools", "python", "tests")
 BUILD = os.environ.get("GG_BUILD") or "build"
 if not os.path.isabs(BUILD):
@@ -47,15 +48,13 @@ print(t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 REPORT_RUN = r"""
-import importlib.machinery, importlib.util, os, resource, sys, time
-loader = importlib.machinery.SourceFileLoader("gpuguard_report", sys.argv[2])
-spec = importlib.util.spec_from_loader("gpuguard_report", loader)
-mod = importlib.util.module_from_spec(spec)
-loader.exec_module(mod)
+import os, resource, sys, time
+sys.path.insert(0, sys.argv[2])
+from gpuguard.report import main
 t = time.perf_counter()
 with open(os.devnull, "w") as out:
     sys.stdout = out
-    rc = mod.main([sys.argv[1]])
+    rc = main([sys.argv[1]])
     sys.stdout = sys.__stdout__
 t = time.perf_counter() - t
 print(t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
@@ -85,7 +84,7 @@ def bench(size, repeat, tmp):
         say("run %d/%d: bare json.loads loop" % (i + 1, repeat))
         bare.append(measure(BARE, path))
         say("run %d/%d: gpuguard-report" % (i + 1, repeat))
-        rep.append(measure(REPORT_RUN, path, REPORT))
+        rep.append(measure(REPORT_RUN, path, PYHELPER))
     with open(os.devnull, "w") as devnull:
         lines = subprocess.run([sys.executable, REPORT, path], stdout=subprocess.PIPE,
                                stderr=devnull, universal_newlines=True).stdout.count("\n")

@@ -7,15 +7,13 @@ misses by Python line on every CPython 3.10-3.13 present, on a C program
 shim writes them."""
 import configparser
 import html
-import importlib.machinery
-import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
 
-from gg import CHECK, FAKE, ROOT, BUILD, SANITIZE, Case, base_env
+from gg import CHECK, FAKE, PYHELPER, ROOT, BUILD, SANITIZE, Case, base_env
 from test_pyframes import SUPPORTED, interpreters, vstr
 from test_pystacks import POLICY as PYSTACKS_POLICY
 from test_pystacks import TRAINER as PYSTACKS_TRAINER
@@ -122,11 +120,10 @@ print("RESULT " + json.dumps(ran))
 
 
 def load_report():
-    loader = importlib.machinery.SourceFileLoader("gpuguard_report_e2e", REPORT)
-    spec = importlib.util.spec_from_loader("gpuguard_report_e2e", loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
+    if PYHELPER not in sys.path:
+        sys.path.insert(0, PYHELPER)
+    from gpuguard import report
+    return report
 
 
 class ReportOfRealJournals(Case):

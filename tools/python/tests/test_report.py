@@ -2,8 +2,6 @@
 event schema of DESIGN.md ("Journal")."""
 
 import html.parser
-import importlib.machinery
-import importlib.util
 import io
 import json
 import os
@@ -28,11 +26,9 @@ import shimlike  # noqa: E402
 
 
 def load_report():
-    loader = importlib.machinery.SourceFileLoader("gpuguard_report", REPORT)
-    spec = importlib.util.spec_from_loader("gpuguard_report", loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
+    """The gpuguard.report package (tools/python/gpuguard/report)."""
+    from gpuguard import report
+    return report
 
 
 rpt = load_report()

@@ -1,0 +1,129 @@
+"""One process's view of one GPU: static facts (name, total, limit, compute
+capability, policy, margins, mode), timeline, peaks, incidents per kind,
+advice, phases, steps and their recent trend, leaks, mode switches, the
+summary's device entry; and `figures`, the device's numbers from the summary
+or, without one, from the events.
+"""
+
+import collections
+
+from .advice import AdviceLog
+from .incidents import STACK_EVENTS, Incidents
+from .limits import RECENT_STEPS
+from .phases import Phases
+from .series import StepSeries, Thinned, Timeline, fit_line
+from .values import as_str, num
+
+
+class Device(object):
+    def __init__(self, dev, nframes):
+        self.dev = dev
+        self.name = None
+        self.total = None
+        self.limit = None
+        self.cc = None
+        self.policy = None
+        self.headroom = None
+        self.near = None              # the near-miss margin in bytes
+        self.mode = None
+        self.timeline = Timeline()
+        self.peak_cur = None
+        self.peak_t = None
+        self.max_used = None
+        self.other_max = None         # device use not the process's, at most
+        self.last = None
+        self.events = {k: Incidents(k, nframes) for k in STACK_EVENTS}
+        self.advice = AdviceLog()
+        self.phases = Phases()
+        self.steps = 0                 # `step` lines
+        self.first_step = None         # (step, t)
+        self.last_step = None          # (step, t)
+        self.step_peak = None
+        self.step_series = StepSeries()
+        self.recent = collections.deque(maxlen=RECENT_STEPS)   # (step, peak, live, t)
+        self.leaks = 0
+        self.first_leak = None
+        self.last_leak = None
+        self.leak_marks = Thinned()
+        self.modes = []                # (t, mode, why): what `auto` switched to
+        self.modes_dropped = 0
+        self.summary = None
+
+    def update(self, d):
+        for k in ("name", "cc", "policy", "mode"):
+            v = d.get(k)
+            if v is not None:
+                setattr(self, k, as_str(v))
+        for k, attr in (("total", "total"), ("limit", "limit"), ("headroom", "headroom"),
+                        ("near_miss", "near")):
+            v = num(d.get(k))
+            if v is not None:
+                setattr(self, attr, v)
+
+    @property
+    def label(self):
+        return "GPU%d %s" % (self.dev, self.name or "(unknown device)")
+
+    @property
+    def used(self):
+        """Did the process allocate anything here, or have an incident?"""
+        s = self.summary
+        if s is not None:
+            for k in ("allocs", "peak", "near_misses", "refusals", "ooms"):
+                if num(s.get(k)):
+                    return True
+        if self.peak_cur or self.step_peak:
+            return True
+        if any(self.events[k].journaled for k in STACK_EVENTS):
+            return True
+        return bool(self.advice.n or self.leaks or self.phases.by_batch)
+
+    @property
+    def near_line(self):
+        """The device use above which an allocation is a near miss: the
+        limit less the near-miss margin."""
+        if self.limit is None or self.near is None:
+            return None
+        return self.limit - self.near
+
+    def step_rate(self):
+        """Steps per second over the recent `step` lines, or None."""
+        if len(self.recent) < 2:
+            return None
+        s0, s1 = self.recent[0], self.recent[-1]
+        ds, dt = s1[0] - s0[0], s1[3] - s0[3]
+        if ds <= 0 or dt <= 0:
+            return None
+        return ds / dt
+
+    def trends(self):
+        """Least-squares lines over the recent steps: {"peak": (a, b),
+        "live": (a, b)} for y = a + b * step, those that fit."""
+        out = {}
+        for idx, name in ((1, "peak"), (2, "live")):
+            pts = [(r[0], r[idx]) for r in self.recent if r[idx] is not None]
+            fit = fit_line(pts)
+            if fit is not None:
+                out[name] = fit
+        return out
+
+
+def figures(j, d):
+    """The device's numbers, from the summary or, without one, the events."""
+    s = d.summary or {}
+    f = {}
+    f["peak"] = num(s.get("peak"))
+    if f["peak"] is None:
+        f["peak"] = max([v for v in (d.peak_cur, d.step_peak) if v is not None], default=None)
+    f["peak_used"] = num(s.get("peak_used"))
+    if f["peak_used"] is None:
+        f["peak_used"] = d.max_used
+    for k in ("allocs", "frees", "live_bytes", "live_allocs", "pool_reserved", "pool_allocated",
+              "peak_pool_reserved"):
+        f[k] = num(s.get(k))
+    for k, ev in (("near_misses", "near_miss"), ("refusals", "refused"), ("ooms", "oom")):
+        v = num(s.get(k))
+        f[k] = d.events[ev].counted if v is None else v
+    f["last"] = d.last
+    f["peak_t"] = d.peak_t
+    return f
