@@ -51,7 +51,7 @@ INTERPOSER := hook_runtime hook_driver lookup api trampoline
 CORE_OBJ  := $(filter-out $(patsubst %,$(BUILD)/shim/%.o,$(INTERPOSER)),$(SHIM_OBJ))
 CORE_LIB  := $(BUILD)/libggcore.a
 
-.PHONY: all deps test test-unit test-e2e test-tsan test-gpu demo bench fuzz install clean check-deps \
+.PHONY: all deps docs test test-unit test-e2e test-tsan test-gpu demo bench fuzz install clean check-deps \
         torch-rig test-torch torch-traces
 all: check-deps $(SHIM_LIB) $(BUILD)/gpuguard-check
 
@@ -148,6 +148,11 @@ bench: deps
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/run.py
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/report_bench.py
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/torch_step.py
+
+# The generated part of docs/journal.md, from shim/events.def (a test fails
+# when it is not current).
+docs:
+	@$(PYTHON) tools/build-aux/journal_doc.py
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin \

@@ -257,6 +257,32 @@ class TextReportTest(ReportTestBase):
         self.assertIn("#0 0x7f1200000006 (libnccl.so.2)", out)
         self.assertNotIn("allocations", out)
 
+    def test_lines_the_shim_left_out_or_lost(self):
+        # the budgets' counts: from the summary, else (killed) the last suppressed line
+        ev = journal_rank0()
+        summary = [e for e in ev if e["ev"] == "summary"][0]
+        summary["suppressed"] = {"near_miss": 1200, "sample": 34, "step": 0}
+        summary["lost_lines"] = 3
+        summary["partial"] = "exit interrupted the shim: stacks and sites left out"
+        ev.insert(-1, {"t": 9.0, "ev": "suppressed", "since": {"near_miss": 7},
+                       "total": {"near_miss": 7}})
+        path = write_journal(os.path.join(self.tmp, "gpuguard.python.rank5.50.jsonl"), ev)
+        rc, out, err = self.main(path)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("1234 lines left out by the journal's budgets (counted, not written): "
+                      "near_miss 1200, sample 34", out)
+        self.assertIn("3 lines lost: the journal could not be written (full disk?)", out)
+        self.assertIn("the summary is incomplete: exit interrupted the shim", out)
+        self.assertNotIn("suppressed x", out)     # a known event, not skipped
+        killed = [e for e in ev if e["ev"] != "summary"]
+        path = write_journal(os.path.join(self.tmp, "gpuguard.python.rank6.60.jsonl"), killed)
+        rc, out, err = self.main(path, "--html", os.path.join(self.tmp, "k.html"))
+        self.assertIn("7 lines left out by the journal's budgets (counted, not written): "
+                      "near_miss 7", out)
+        self.assertNotIn("lost", out)
+        with open(os.path.join(self.tmp, "k.html")) as f:
+            self.assertIn("7 lines left out by the journal&#x27;s budgets", f.read())
+
     def test_garbage_lines_unknown_fields_and_missing_start(self):
         path = os.path.join(self.tmp, "gpuguard.bash.rank3.77.jsonl")
         with open(path, "w") as f:

@@ -49,13 +49,20 @@ class Device(object):
         self.modes_dropped = 0
         self.summary = None
 
-    def update(self, d):
-        for k in ("name", "cc", "policy", "mode"):
+    # What a device's entry says: the start's all of these, the summary's
+    # the first of each.
+    START_TEXT = ("name", "cc", "policy", "mode")
+    START_NUMBERS = (("total", "total"), ("limit", "limit"), ("headroom", "headroom"),
+                     ("near_miss", "near"))
+    SUMMARY_TEXT = START_TEXT[:1]
+    SUMMARY_NUMBERS = START_NUMBERS[:2]
+
+    def update(self, d, text=START_TEXT, numbers=START_NUMBERS):
+        for k in text:
             v = d.get(k)
             if v is not None:
                 setattr(self, k, as_str(v))
-        for k, attr in (("total", "total"), ("limit", "limit"), ("headroom", "headroom"),
-                        ("near_miss", "near")):
+        for k, attr in numbers:
             v = num(d.get(k))
             if v is not None:
                 setattr(self, attr, v)

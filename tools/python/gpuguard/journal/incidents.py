@@ -53,7 +53,7 @@ class Incidents(object):
         c = ev.get("count")
         n = 1
         if type(c) is int and c >= 1:
-            site = tuple(f.get("ip") if type(f) is dict else None for f in stack)
+            site = tuple(f.get("ip") if isinstance(f, dict) else None for f in stack)
             last = self.site_counts.get(site)
             if last is not None:
                 n = c - last if c > last else c
@@ -64,8 +64,8 @@ class Incidents(object):
         self.counted += n
         b = num(ev.get("bytes")) or 0
         used = num(ev.get("used"))
-        pyf = [f for f in py[:self.nframes] if type(f) is dict]
-        natf = [f for f in stack[:self.nframes] if type(f) is dict]
+        pyf = [f for f in py[:self.nframes] if isinstance(f, dict)]
+        natf = [f for f in stack[:self.nframes] if isinstance(f, dict)]
         lkey, llabel = line_of({"pystack": pyf, "stack": natf, "thread": ev.get("thread")})
         key = (lkey,) + tuple(pyframe_key(f) for f in pyf[1:]) + tuple(frame_key(f) for f in natf)
         g = self.groups.get(key)

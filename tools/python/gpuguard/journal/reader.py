@@ -47,6 +47,9 @@ class Journal(object):
         self.max_seq = None
         self.arch = OrderedDict()    # (module, cc) -> the module's verdict on that GPU model
         self.arch_dropped = 0
+        self.suppressed = {}         # kind of line -> lines the shim's budgets left out
+        self.lost_lines = 0          # lines the shim could not write (a full disk)
+        self.partial = None          # why the summary is incomplete, when it is
         m = NAME_RE.match(os.path.basename(path))
         if m:
             self.comm = m.group("comm")
@@ -109,6 +112,7 @@ class Journal(object):
             "advice": self._ev_advice, "batch": self._ev_batch, "start": self._ev_start,
             "mode": self._ev_mode, "arch": self._ev_arch, "leak": self._ev_leak,
             "note": self._ev_note, "error": self._ev_error, "summary": self._ev_summary,
+            "suppressed": self._ev_suppressed,
         }
         loads = json.loads
         last_t = 0.0
@@ -122,7 +126,7 @@ class Journal(object):
                         ev = self._unreadable(raw)
                         if ev is None:
                             continue
-                    if type(ev) is not dict:
+                    if not isinstance(ev, dict):
                         bad += 1
                         continue
                     lines += 1
@@ -331,13 +335,26 @@ class Journal(object):
         else:
             self.errors_dropped += 1
 
+    def _counts(self, counts):
+        """A {kind: lines} object of the shim's budgets, as the lines left out."""
+        if isinstance(counts, dict):
+            got = {as_str(k): as_int(v) for k, v in counts.items()}
+            self.suppressed = {k: v for k, v in got.items() if v and v > 0}
+
+    def _ev_suppressed(self, ev, t):
+        # total: since the start, so the last one stands for a killed process
+        self._counts(ev.get("total"))
+
     def _ev_summary(self, ev, t):
         self.summary = ev
+        self._counts(ev.get("suppressed"))
+        self.lost_lines = max(as_int(ev.get("lost_lines"), 0), 0)
+        self.partial = as_str(ev.get("partial"))
         devs = ev.get("devices")
         for d in devs if isinstance(devs, list) else []:
             if isinstance(d, dict) and as_int(d.get("dev")) is not None:
                 dv = self.device(as_int(d.get("dev")))
-                dv.update(d)
+                dv.update(d, Device.SUMMARY_TEXT, Device.SUMMARY_NUMBERS)
                 dv.summary = d
 
 

@@ -55,7 +55,7 @@ def frames_of(obj, key="stack"):
     st = obj.get(key) if isinstance(obj, dict) else None
     if type(st) is not list:
         return []
-    return [f for f in st if type(f) is dict]
+    return [f for f in st if isinstance(f, dict)]
 
 
 def stack_of(obj):

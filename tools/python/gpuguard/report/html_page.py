@@ -14,7 +14,7 @@ from .markup import esc
 from .recommendation import recommend_text
 from .rows import device_rows
 from .svg import svg_steps, svg_timeline
-from .text import header
+from .text import header, journal_notes
 from .tree import peak_tree_lines, site_tree
 from .verdict import verdict
 
@@ -94,11 +94,8 @@ def html_report(journals, failed, opts):
             bits.append("mode %s" % j.mode)
         bits.append("duration %s" % fmt_t(j.duration))
         a("<p>%s</p>" % esc(", ".join(bits)))
-        if j.summary is None and j.lines:
-            a('<p class="warn">No summary: the process ended without one (killed?); '
-              "figures from the last samples and the journaled events.</p>")
-        if j.truncated:
-            a('<p class="warn">The last line is truncated (skipped).</p>')
+        for note in journal_notes(j):
+            a('<p class="warn">%s.</p>' % esc(note[0].upper() + note[1:]))
         for msg, (t, n) in j.errors.items():
             a('<p class="warn">error at %s: %s%s</p>' % (
                 esc(fmt_t(t)), esc(msg), "" if n == 1 else esc(" (x%s)" % fmt_count(n))))

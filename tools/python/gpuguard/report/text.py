@@ -35,6 +35,34 @@ def advice_run_line(run):
     return text
 
 
+def journal_notes(j):
+    """What the reader of a journal should know about the journal itself: no
+    summary, lines cut, unreadable, unknown, left out by the shim's budgets,
+    lost to a full disk."""
+    notes = []
+    if j.summary is None and j.lines:
+        notes.append("no summary: the process ended without one (killed?); "
+                     "figures from the last samples and the journaled events")
+    if j.partial:
+        notes.append("the summary is incomplete: " + j.partial)
+    if j.truncated:
+        notes.append("the last line is truncated (skipped)")
+    if j.bad_lines:
+        notes.append("%s unreadable (skipped)" % plural(j.bad_lines, "line"))
+    if j.unknown:
+        notes.append("unknown events skipped: " + ", ".join(
+            "%s x%d" % (k or "(none)", v) for k, v in sorted(j.unknown.items())))
+    if j.suppressed:
+        kinds = sorted(j.suppressed.items(), key=lambda kv: (-kv[1], kv[0]))
+        notes.append("%s left out by the journal's budgets (counted, not written): %s" % (
+            plural(sum(j.suppressed.values()), "line"),
+            ", ".join("%s %s" % (k, fmt_count(v)) for k, v in kinds)))
+    if j.lost_lines:
+        notes.append("%s lost: the journal could not be written (full disk?)"
+                     % plural(j.lost_lines, "line"))
+    return notes
+
+
 def header(journals, secs):
     text = "gpuguard report: %s, %s" % (plural(len(journals), "journal"),
                                         plural(len(secs), "device section"))
@@ -85,16 +113,8 @@ def text_report(journals, failed, opts):
         w("  " + ", ".join(bits))
         if j.lines == 0:
             w("  empty journal: no events")
-        if j.summary is None and j.lines:
-            w("  no summary: the process ended without one (killed?); "
-              "figures from the last samples and the journaled events")
-        if j.truncated:
-            w("  the last line is truncated (skipped)")
-        if j.bad_lines:
-            w("  %s unreadable (skipped)" % plural(j.bad_lines, "line"))
-        if j.unknown:
-            w("  unknown events skipped: " + ", ".join(
-                "%s x%d" % (k or "(none)", v) for k, v in sorted(j.unknown.items())))
+        for note in journal_notes(j):
+            w("  " + note)
         for msg, (t, n) in j.errors.items():
             w("  error at %s: %s%s" % (fmt_t(t), msg, "" if n == 1 else " (x%s)" % fmt_count(n)))
         if j.errors_dropped:
