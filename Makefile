@@ -57,21 +57,21 @@ all: check-deps $(SHIM_LIB) $(BUILD)/gpuguard-check
 
 # One clear message, with the command that installs what is missing.
 check-deps:
-	@sh tools/deps.sh check "$(CUDA_HOME)"
+	@sh tools/build-aux/deps.sh check "$(CUDA_HOME)"
 
 # `make test` and `make demo` install the Debian packages themselves as root.
 deps:
-	@sh tools/deps.sh install "$(CUDA_HOME)"
+	@sh tools/build-aux/deps.sh install "$(CUDA_HOME)"
 
 $(BUILD)/shim/%.o: shim/%.c shim/*.h shim/*.def include/gpuguard.h | $(BUILD)/shim
 	$(CC) $(CFLAGS) -fvisibility=hidden -DGPUGUARD_SHIM -Iinclude $(CUDA_INC) $(DEP_CFLAGS) -c $< -o $@
 
-$(SHIM_LIB): $(SHIM_OBJ) $(SHIM_MAP) shim/LAYERS tools/layers.py
+$(SHIM_LIB): $(SHIM_OBJ) $(SHIM_MAP) shim/LAYERS tools/build-aux/layers.py
 	$(CC) -shared -o $@ $(SHIM_OBJ) $(LDFLAGS) -Wl,-z,defs -Wl,-z,nodelete -Wl,--as-needed \
 	  -Wl,--version-script=$(SHIM_MAP) $(DEP_LIBS) -ldl -lpthread -lm
 	@! readelf -d $@ | grep -Eq 'NEEDED.*lib(cudart|cuda|unwind)\.so' || \
 	  { echo "gpuguard: $@ must not need libcudart, libcuda or libunwind" >&2; rm -f $@; exit 1; }
-	@$(PYTHON) tools/layers.py shim/LAYERS $(SHIM_OBJ) || { rm -f $@; exit 1; }
+	@$(PYTHON) tools/build-aux/layers.py shim/LAYERS $(SHIM_OBJ) || { rm -f $@; exit 1; }
 
 $(CORE_LIB): $(CORE_OBJ)
 	rm -f $@ && ar rcs $@ $^
@@ -162,8 +162,8 @@ install: all
 	install -m 0644 include/gpuguard.h $(DESTDIR)$(PREFIX)/include/gpuguard.h
 	install -m 0644 policy/*.ini $(DESTDIR)$(PREFIX)/share/gpuguard/policy/
 	install -m 0755 $(BUILD)/gpuguard-check $(DESTDIR)$(PREFIX)/bin/gpuguard-check
-	install -m 0755 tools/gpuguard-run $(DESTDIR)$(PREFIX)/bin/gpuguard-run
-	install -m 0755 tools/gpuguard-report $(DESTDIR)$(PREFIX)/bin/gpuguard-report
+	install -m 0755 tools/bin/gpuguard-run $(DESTDIR)$(PREFIX)/bin/gpuguard-run
+	install -m 0755 tools/bin/gpuguard-report $(DESTDIR)$(PREFIX)/bin/gpuguard-report
 # The helper package exactly as `pip install tools/python` installs it: its
 # modules and nothing else (a module an older version had goes away).
 	rm -rf $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard
@@ -172,7 +172,7 @@ install: all
 	install -m 0644 tools/python/gpuguard/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/
 	install -m 0644 tools/python/gpuguard/journal/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/journal/
 	install -m 0644 tools/python/gpuguard/report/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/report/
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|0.1.0|g' tools/gpuguard.pc.in \
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|0.1.0|g' tools/build-aux/gpuguard.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/gpuguard.pc
 
 clean:

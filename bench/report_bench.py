@@ -25,7 +25,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REPORT = os.path.join(ROOT, "tools", "gpuguard-report")
+REPORT = os.path.join(ROOT, "tools", "bin", "gpuguard-report")
 PYHELPER = os.path.join(ROOT, "tools", "python")
 GEN = os.path.join(ROOT, "tools", "python", "tests")
 BUILD = os.environ.get("GG_BUILD") or "build"

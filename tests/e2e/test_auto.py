@@ -102,7 +102,7 @@ class SafeByDefault(Case):
     def test_run_and_check_know_auto(self):
         from gg import CHECK, ROOT
         import subprocess
-        run_tool = os.path.join(ROOT, "tools", "gpuguard-run")
+        run_tool = os.path.join(ROOT, "tools", "bin", "gpuguard-run")
         out = subprocess.run([run_tool, "-n", "--mode", "auto", "--", "true"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.assertEqual(out.returncode, 0, out.stderr)

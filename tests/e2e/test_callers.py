@@ -16,7 +16,7 @@ import sys
 
 from gg import (FAKE, PROGS, ROOT, SCRIPT, GiB, MiB, Case, base_env, sanitizer_preload)
 
-REPORT = os.path.join(ROOT, "tools", "gpuguard-report")
+REPORT = os.path.join(ROOT, "tools", "bin", "gpuguard-report")
 
 HOST = os.path.join(PROGS, "host")
 DRVPROG = os.path.join(PROGS, "drvprog")

@@ -18,7 +18,7 @@ from test_pyframes import SUPPORTED, interpreters, vstr
 from test_pystacks import POLICY as PYSTACKS_POLICY
 from test_pystacks import TRAINER as PYSTACKS_TRAINER
 
-REPORT = os.path.join(ROOT, "tools", "gpuguard-report")
+REPORT = os.path.join(ROOT, "tools", "bin", "gpuguard-report")
 H100 = "NVIDIA H100 80GB HBM3"
 DEVICES = ";".join("%s,80GiB,9.0" % H100 for _ in range(4))
 

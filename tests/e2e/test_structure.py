@@ -202,7 +202,7 @@ class Layout(Case):
     def test_no_circle_and_layers_hold(self):
         objs = [os.path.join(BUILD, "shim", f[:-2] + ".o")
                 for f in sorted(os.listdir(os.path.join(ROOT, "shim"))) if f.endswith(".c")]
-        out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "layers.py"),
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "build-aux", "layers.py"),
                               os.path.join(ROOT, "shim", "LAYERS"), *objs],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.assertEqual(out.returncode, 0, out.stdout)
@@ -217,7 +217,7 @@ class Layout(Case):
         for name, text in files.items():
             with open(os.path.join(shim, name), "w") as f:
                 f.write(text)
-        out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "layers.py"),
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "build-aux", "layers.py"),
                               os.path.join(shim, "LAYERS")],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.assertEqual(out.returncode, 1)

@@ -18,7 +18,7 @@
      gradients add up to the batch's, so the effective batch is kept, and
      the run finishes every step.
 
-Then tools/gpuguard-report reads the guarded run's journal.
+Then tools/bin/gpuguard-report reads the guarded run's journal.
 
 Without a GPU (or without PyTorch) the GPU is the fake one of tests/fake (an
 RTX 3090, 24 GiB) and "PyTorch" is libtorchlike.so, a caching allocator like
@@ -50,7 +50,7 @@ import warnings
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 PYHELPER = os.path.join(ROOT, "tools", "python")
-REPORT = os.path.join(ROOT, "tools", "gpuguard-report")
+REPORT = os.path.join(ROOT, "tools", "bin", "gpuguard-report")
 POLICY_DIR = os.path.join(ROOT, "policy")
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -603,7 +603,7 @@ def main():
         first_incident = min([e["t"] for e in incidents] or [float("inf")])
         advised_first = bool(advised) and advised[0]["t"] <= first_incident
 
-        heading("Post-mortem: tools/gpuguard-report %s" % os.path.relpath(journal))
+        heading("Post-mortem: tools/bin/gpuguard-report %s" % os.path.relpath(journal))
         html = os.path.join(out_dir, "report.html")
         rep = subprocess.run([sys.executable, REPORT, journal, "--html", html],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -1,5 +1,5 @@
 """Tests of the Python helper (gpuguard.Guard, the adapters) and of
-tools/gpuguard-run, without the shim: a stand-in library made of ctypes
+tools/bin/gpuguard-run, without the shim: a stand-in library made of ctypes
 callbacks plays libgpuguard.so's C API."""
 
 import collections
@@ -1154,7 +1154,7 @@ class LightningAdapterTest(Base):
 
 # --- gpuguard-run ---------------------------------------------------------
 
-RUN = os.path.join(TOOLS, "gpuguard-run")
+RUN = os.path.join(TOOLS, "bin", "gpuguard-run")
 
 
 class RunScriptTest(unittest.TestCase):

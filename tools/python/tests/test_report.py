@@ -1,4 +1,4 @@
-"""Tests of tools/gpuguard-report on synthetic journals written from the
+"""Tests of tools/bin/gpuguard-report on synthetic journals written from the
 event schema of DESIGN.md ("Journal")."""
 
 import html.parser
@@ -17,7 +17,7 @@ from contextlib import redirect_stderr, redirect_stdout
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYDIR = os.path.dirname(HERE)
 TOOLS = os.path.dirname(PYDIR)
-REPORT = os.path.join(TOOLS, "gpuguard-report")
+REPORT = os.path.join(TOOLS, "bin", "gpuguard-report")
 for _p in (PYDIR, HERE):
     if _p not in sys.path:
         sys.path.insert(0, _p)

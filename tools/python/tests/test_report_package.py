@@ -1,5 +1,5 @@
 """The shape of the gpuguard.journal and gpuguard.report packages (what
-tools/gpuguard-report runs): each imports on its own, journal never needs
+tools/bin/gpuguard-report runs): each imports on its own, journal never needs
 report, no module is over 1,000 lines, and `import gpuguard` (what a
 trainer does) loads neither."""
 

@@ -19,7 +19,7 @@ accumulation for the next run; --out DIR writes them as policy files for
 GPUGUARD_POLICY=DIR.
 
 This package renders what gpuguard.journal reads; the command is
-gpuguard.report.cli (tools/gpuguard-report, or python -m gpuguard.report).
+gpuguard.report.cli (tools/bin/gpuguard-report, or python -m gpuguard.report).
 
 Exit status: 0, or 1 when a journal could not be read, 2 on bad usage.
 Standard library only.

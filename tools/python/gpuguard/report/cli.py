@@ -1,6 +1,6 @@
 """The gpuguard-report command line: arguments, reading, --recommend and --out,
 the text on stdout, --html and --trace files, exit status. console() is what
-the tools/gpuguard-report script runs.
+the tools/bin/gpuguard-report script runs.
 """
 
 import argparse

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check the shim's layers: tools/layers.py shim/LAYERS OBJ...
+"""Check the shim's layers: tools/build-aux/layers.py shim/LAYERS OBJ...
 
 Every module of shim/ belongs to one layer (shim/LAYERS). A module may use
 only modules of its own layer or lower ones, and the modules may form no

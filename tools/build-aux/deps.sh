@@ -1,5 +1,5 @@
 #!/bin/sh
-# tools/deps.sh check|install CUDA_HOME
+# tools/build-aux/deps.sh check|install CUDA_HOME
 # check: one clear message naming what is missing and the command that
 # installs it. install: as root, apt-get the Debian packages that are missing.
 mode=$1
