@@ -9,7 +9,7 @@
 #   make torch-traces record the golden traces (tests/traces) with the rig
 #   make demo         a simulated training run under the guard (TORCH=real:
 #                     real PyTorch 2.6 on the fake GPU, with the rig)
-#   make bench        what the shim costs (DESIGN.md section 6)
+#   make bench        what the shim costs (docs/costs.md)
 #   make fuzz         the libFuzzer harnesses, FUZZ_SECONDS (60) each (needs clang)
 #   make install PREFIX=/usr/local DESTDIR=
 
@@ -119,7 +119,7 @@ test-tsan: deps
 	  $(patsubst $(BUILD)/%,build/tsan/%,$(UNIT_BIN) $(FAKE_LIBS))
 	@GG_BUILD=build/tsan GG_SANITIZE=thread $(PYTHON) tests/run.py --unit
 
-# Real PyTorch training steps under the shim (DESIGN.md section 5); skips
+# Real PyTorch training steps under the shim (docs/testing.md); skips
 # cleanly, and says so, where there is no GPU or no PyTorch.
 test-gpu: all
 	@GG_BUILD=$(BUILD) $(PYTHON) tests/gpu/run_gpu.py

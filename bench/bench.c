@@ -1,5 +1,5 @@
 /*
- * bench.c - the measuring half of `make bench` (DESIGN.md section 6).
+ * bench.c - the measuring half of `make bench` (docs/costs.md).
  *
  * An ordinary CUDA program, linked against the (fake) runtime like the test
  * programs. It measures one thing per run and prints one JSON line per

@@ -1,4 +1,4 @@
-# The overhead benchmark (DESIGN.md section 6), included by the top Makefile.
+# The overhead benchmark (docs/costs.md), included by the top Makefile.
 # `make bench` builds $(BUILD)/bench/bench and runs bench/run.py, which runs
 # it with and without the shim preloaded and prints the table.
 #

@@ -1,6 +1,6 @@
 """The measuring half of bench/run.py's Python figure: cudaMalloc+cudaFree
 pairs called through ctypes from DEPTH Python frames, as a training script's
-allocations are (DESIGN.md section 6: stacks = all, native depth 32 and
+allocations are (the settings docs/costs.md measures: stacks = all, native depth 32 and
 Python frames depth 50).
 
     python3 bench/pyloop.py LIBCUDART N DEPTH REPS

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What gpuguard-report costs on a long journal (DESIGN.md section 6).
+"""What gpuguard-report costs on a long journal (docs/costs.md).
 
   GG_BUILD=build python3 bench/report_bench.py            (what `make bench` runs: 100 MB)
   python3 bench/report_bench.py --size 1G                 the 1 GB figure (a few minutes)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the shim costs: the figures of DESIGN.md section 6, measured in one run.
+"""What the shim costs: the figures of docs/costs.md, measured in one run.
 
   GG_BUILD=build python3 bench/run.py        (what `make bench` does)
   bench/run.py --quick                        fewer repetitions, for a look
@@ -43,7 +43,7 @@ PY_DEPTH = 50            # Python frames above each call of the Python figure
 THREADS = (1, 2, 4, 8, 16)
 STEP_SITES = 1000        # live sites while gpuguard_step is timed
 
-# DESIGN.md section 6.
+# The targets (docs/costs.md).
 T_ADDED_NS = 40.0
 T_ADDED_ALL_NS = 3000.0
 T_SCALE_16 = 8.0

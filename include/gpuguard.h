@@ -59,7 +59,7 @@ void gpuguard_ack(unsigned seq);
 void gpuguard_set_batch(int batch_size, int grad_accum);
 /* Attach text (a Python stack, say) to the journal as a `note` event. */
 void gpuguard_note(const char *text);
-/* A training step ended (DESIGN.md section 2.7). */
+/* A training step ended (docs/trainer.md, "Steps, forecasts and leaks"). */
 void gpuguard_step(unsigned long long step);
 
 #else /* a trainer: find the preloaded shim's functions at run time */
@@ -160,7 +160,7 @@ static inline void gpuguard_note(const char *text)
     }
 }
 
-/* A training step ended (DESIGN.md section 2.7). */
+/* A training step ended (docs/trainer.md, "Steps, forecasts and leaks"). */
 static inline void gpuguard_step(unsigned long long step)
 {
     static void *slot;

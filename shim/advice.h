@@ -1,5 +1,5 @@
 /* advice.h - layer 4: telling the trainer to shrink before the OOM
- * (DESIGN.md section 1, "Advice protocol").
+ * (docs/trainer.md, "Advice protocol").
  *
  * On a near-miss zone entry or a forecast of one (once per acknowledgement),
  * on every refusal and every OOM, advise: batch -> max(min_batch_size, batch / 2), accumulation

@@ -1,5 +1,6 @@
 /* arch.h - layer 4: device code against the GPUs, in the process
- * (DESIGN.md section 2.6: "no kernel image is available").
+ * ("no kernel image is available": docs/how-it-works.md,
+ * "Device code against the GPU").
  *
  * Every loaded module with device code is checked once, before its first
  * kernel: its .nv_fatbin (read from its file, headers only, fatbin.h)

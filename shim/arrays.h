@@ -1,5 +1,5 @@
 /* arrays.h - layer 1: the device bytes of a CUDA array, from its extent and
- * format (DESIGN.md section 2.2: nothing device-side invisible).
+ * format (nothing device-side invisible: docs/how-it-works.md).
  *
  * An array (cudaMallocArray, cudaMalloc3DArray, cuArrayCreate,
  * cuArray3DCreate), or a mipmapped one (cudaMallocMipmappedArray,

@@ -1,4 +1,4 @@
-/* callers.h - layer 3: which module a call came from (DESIGN.md section 2.3).
+/* callers.h - layer 3: which module a call came from (docs/how-it-works.md).
  *
  * Whether an allocation may be refused is decided by the module that asked
  * for it: the loaded object (library or executable) holding the return

@@ -10,7 +10,7 @@
  * (other processes, the CUDA context) plus what this process did since,
  * `current + used_offset`. A reading is taken before a device's first
  * decision and whenever the estimate says a request could be refused, never
- * on every allocation (DESIGN.md section 2.4).
+ * on every allocation (docs/how-it-works.md, "The headroom line").
  */
 #ifndef GG_DEVICE_H
 #define GG_DEVICE_H

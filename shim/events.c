@@ -256,7 +256,7 @@ void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v)
     if (v->spared)
         gg_json_kstr(&j, F(incident, spared), "never_refuse"); /* enforcing, and let through */
     char module[64];
-    gg_json_key(&j, F(incident, caller)); /* the module that asked (DESIGN.md 2.3) */
+    gg_json_key(&j, F(incident, caller)); /* the module that asked (callers.h) */
     if (gg_callers_module(c->caller, module, sizeof module))
         gg_json_str(&j, module);
     else

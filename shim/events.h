@@ -1,5 +1,5 @@
 /* events.h - layer 4: every journal event's schema, in one file
- * (DESIGN.md section 1, "Journal").
+ * (docs/journal.md).
  *
  * Each function builds one JSON line ({"t":<seconds since start>,"ev":...})
  * and hands it to the journal. Field names live here and nowhere else.

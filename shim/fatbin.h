@@ -1,5 +1,6 @@
 /* fatbin.h - what device code a library carries, and what runs it
- * (DESIGN.md section 2.6: "no kernel image is available").
+ * ("no kernel image is available": docs/how-it-works.md,
+ * "Device code against the GPU").
  *
  * nvcc puts a library's device code in fat binaries: a 16-byte header
  * (magic 0xBA55ED50, version 1, header size, size of what follows) and
@@ -151,8 +152,9 @@ void gg_fatbin_code_name(struct gg_fatbin_code c, char *out, size_t cap);
  * no SASS" or "no device code" into out. */
 void gg_fatbin_describe(const struct gg_fatbin *fb, char *out, size_t cap);
 
-/* Which PyTorch to install for a GPU (the seeds' table, and the arch lists
- * the PyTorch wheels are built with): an imperative clause, no period. */
+/* Which PyTorch to install for a GPU (from the arch lists PyTorch's CUDA
+ * wheels are built with, https://pytorch.org/get-started/locally/): an
+ * imperative clause, no period. */
 const char *gg_fatbin_torch_fix(int major, int minor);
 
 #endif /* GG_FATBIN_H */

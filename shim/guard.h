@@ -1,4 +1,4 @@
-/* guard.h - layer 4: the decisions (DESIGN.md sections 2.2-2.4).
+/* guard.h - layer 4: the decisions (docs/how-it-works.md).
  *
  * The hooks describe each call in a gg_call, ask the guard before and tell
  * it after. The guard decides and accounts (ledger, device counters, sites,
@@ -17,7 +17,8 @@
 #include "ledger.h"
 #include "sites.h"
 
-/* May a call be refused (DESIGN.md section 2.3)? Which module asked decides
+/* May a call be refused (docs/how-it-works.md,
+ * "What may be refused")? Which module asked decides
  * the rest (never_refuse), and only where a refusal would otherwise happen. */
 enum gg_refusable {
     GG_REFUSABLE_NEVER,     /* managed memory: it may oversubscribe the device */

@@ -1,5 +1,5 @@
-/* hook_driver.c - layer 6: the driver's allocation functions (DESIGN.md
- * sections 2.1-2.3).
+/* hook_driver.c - layer 6: the driver's allocation functions (docs/how-it-works.md,
+ * "Seeing every allocation, counting each once").
  *
  * Every DRV row of hooks.def gets two variants, by stream: the legacy or
  * the per-thread default stream (the driver hands out a different real

@@ -1,5 +1,5 @@
 /* hook_runtime.c - layer 6: the CUDA runtime's allocation functions, as
- * exported by the shim (DESIGN.md section 2).
+ * exported by the shim (docs/how-it-works.md).
  *
  * Every RT row of hooks.def is exported once unversioned and once per
  * runtime version (runtime.h, gpuguard.map), and each copy forwards to the

@@ -1,5 +1,5 @@
 /* journal.h - layer 4: the journal file and the one way lines reach it
- * (DESIGN.md section 1, "Journal").
+ * (docs/journal.md).
  *
  * <dir>/gpuguard.<comm>.<pid>.jsonl (gpuguard.<comm>.rank<RANK>.<pid>.jsonl
  * with RANK), created on the first intercepted CUDA call, mode 0600, opened

@@ -5,7 +5,7 @@
  * touched. Every hook passes through the gate: gg_enter() says whether this
  * call is the guard's to count, and makes calls nested inside it (the
  * runtime calling the driver through a hook the shim handed it) pass
- * straight through, so nothing is counted twice (DESIGN.md section 2.2).
+ * straight through, so nothing is counted twice (docs/how-it-works.md).
  */
 #ifndef GG_LIFE_H
 #define GG_LIFE_H

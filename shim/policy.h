@@ -1,5 +1,4 @@
-/* policy.h - layer 2: per-GPU-model INI policies (DESIGN.md section 1,
- * "Policy files").
+/* policy.h - layer 2: per-GPU-model INI policies (docs/policy.md).
  *
  * One policy file per GPU model. For each device the files of a directory
  * are tried in name order and the first whose [gpu] match fits the device

@@ -1,5 +1,5 @@
 /* pools.h - layer 1: the stream-ordered memory pools of the process, as
- * the device sees them (DESIGN.md section 2.2).
+ * the device sees them (docs/how-it-works.md).
  *
  * A pool (cudaMallocAsync's default or current pool, one made by
  * cuMemPoolCreate) holds `reserved` bytes on its device, of which `used`

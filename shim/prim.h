@@ -3,7 +3,7 @@
  * Everything here is safe to call from a hook: no locks shared with the host
  * program, no stdio, no malloc (memory comes from mmap). Nothing in this
  * layer knows CUDA, policies or the journal's contents; every other layer
- * builds on it (DESIGN.md section 2).
+ * builds on it (docs/how-it-works.md, "Layers").
  */
 #ifndef GG_PRIM_H
 #define GG_PRIM_H

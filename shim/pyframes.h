@@ -1,6 +1,6 @@
 /* pyframes.h - the calling thread's own Python frames, read from the
  * interpreter's memory without the GIL and without running Python code
- * (DESIGN.md section 2.5).
+ * (docs/how-it-works.md, "Python frames without the GIL").
  *
  * Two steps, so the allocation path pays only for the first:
  *

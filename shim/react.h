@@ -28,7 +28,7 @@ void gg_react_python(void);
 struct gg_step_verdict;
 void gg_react_step(int dev, uint64_t step, const struct gg_step_verdict *v);
 
-/* The timeline's tick (DESIGN.md: `sample` events), every GG_TICK_NS from
+/* The timeline's tick (`sample` lines, docs/journal.md), every GG_TICK_NS from
  * a thread of the shim's own (life.c): the samples since the last tick;
  * with report_suppressed, also the lines the budgets left out since the
  * last report (a `suppressed` line, when there were any). ticking(true):

@@ -1,5 +1,5 @@
 /* steps.h - layer 4: the trainer's steps: a forecast a step ahead, and the
- * leak by its line (DESIGN.md section 2.7).
+ * leak by its line (docs/trainer.md).
  *
  * At each step boundary (gpuguard_step) a device's window is closed
  * (device.h: the step's peak, device-wide peak and the live bytes at the

@@ -1,5 +1,5 @@
 # arch.mk - libraries with device code for chosen archs, built with the real
-# nvcc, for the arch check's tests (DESIGN.md section 2.6). Included by
+# nvcc, for the arch check's tests (docs/how-it-works.md). Included by
 # tests/fake/fake.mk. One source, compiled once per arch list, linked with
 # the static runtime (nvcc's default) and with the shared one (-cudart
 # shared: at run time the fake libcudart.so.13 in LD_LIBRARY_PATH).

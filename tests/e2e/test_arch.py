@@ -1,7 +1,7 @@
 """Issue 16, "no kernel image is available": libraries built here by the real
 nvcc for chosen archs (tests/arch/arch.mk), judged against fake GPUs of
 compute capability 7.5 to 12.0 by gpuguard-check --arch and by the shim, for
-the static runtime (nvcc's default) and the shared one (DESIGN.md 2.6)."""
+the static runtime (nvcc's default) and the shared one (docs/how-it-works.md)."""
 import os
 import re
 import shutil

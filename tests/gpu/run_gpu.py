@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gpuguard on a real GPU with real PyTorch (DESIGN.md section 5).
+"""gpuguard on a real GPU with real PyTorch (docs/testing.md).
 
     python3 tests/gpu/run_gpu.py [NAME...]
 

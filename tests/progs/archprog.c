@@ -1,5 +1,5 @@
 /* archprog.c - a CUDA program that loads libraries with device code, for the
- * arch check's tests (DESIGN.md section 2.6). One command per argument:
+ * arch check's tests (docs/how-it-works.md). One command per argument:
  *
  *   load:PATH     dlopen(PATH, RTLD_NOW | RTLD_LOCAL), as Python extensions are
  *   call:SYM      call `int SYM(void)` of the last loaded library; prints "SYM: N"

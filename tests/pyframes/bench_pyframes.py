@@ -3,7 +3,7 @@
   make build/tests/pyframes/libpyprobe.so
   python3 tests/pyframes/bench_pyframes.py [build/tests/pyframes/libpyprobe.so]
 
-Under each interpreter, 50 Python frames deep (DESIGN.md section 6), through
+Under each interpreter, 50 Python frames deep (docs/costs.md), through
 ctypes: the Python capture, resolution per frame from the cache, uncached
 with direct reads (on the capturing thread) and with checked reads (late),
 and unw_backtrace of 32 native frames with and without the Python capture.

@@ -1,4 +1,4 @@
-"""The seeds' "no kernel image" story with the real libraries: Debian's
+"""The "no kernel image is available" story with the real libraries: Debian's
 PyTorch 2.6 was built for sm_50-sm_90 with PTX for compute_90, and its NCCL
 carries SASS up to sm_90 and no PTX. On a fake RTX 5090 (compute capability
 12.0) libtorch_cuda runs by JIT compilation of its PTX and NCCL cannot run:

@@ -1,4 +1,4 @@
-/* check_arch.h - gpuguard-check's device-code check (DESIGN.md section 2.6):
+/* check_arch.h - gpuguard-check's device-code check (docs/how-it-works.md):
  * does a library carry kernels the GPUs here can run?
  *
  *   gpuguard-check --arch FILE...   one line per (file, GPU): what the file

@@ -1,9 +1,8 @@
 """Journals built event by event in the shape the shim writes them: the
 fields and their order of shim/events.c (start, mode, sample,
 near_miss/refused/oom with pystack and, for a thread without Python frames,
-thread; advice, batch, arch, summary with peak_pystack), and of DESIGN.md's
-journal table for the events the shim does not write yet (step, leak,
-advice's forecast)."""
+thread; advice, batch, arch, summary with peak_pystack), and of
+docs/journal.md for step, leak and advice's forecast."""
 import json
 import os
 

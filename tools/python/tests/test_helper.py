@@ -56,7 +56,7 @@ class FakeShim(object):
         self.gpuguard_set_batch = self.SET_BATCH(self._set_batch)
         self.gpuguard_note = self.NOTE(self._note)
 
-    # what the shim does on a near miss (DESIGN.md "Advice protocol")
+    # what the shim does on a near miss (docs/trainer.md, "Advice protocol")
     def advise(self, reason="near_miss", batch=None, accum=None):
         b = self.batch if batch is None else batch
         if batch is None:

@@ -1,5 +1,5 @@
 """Tests of tools/bin/gpuguard-report on synthetic journals written from the
-event schema of DESIGN.md ("Journal")."""
+schema of docs/journal.md."""
 
 import html.parser
 import io

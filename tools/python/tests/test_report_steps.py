@@ -1,5 +1,5 @@
 """gpuguard-report on the events of issues 16 and 19, from synthetic
-journals in DESIGN.md's schema: `mode` switches and `arch` verdicts in their
+journals in the schema of docs/journal.md: `mode` switches and `arch` verdicts in their
 places; `step` lines (bounded whatever their number, trends, the step rate),
 `leak` and forecast advice first in the verdict and drawn in the HTML; the
 recommendation from step peaks when not every step was journaled."""
