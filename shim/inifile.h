@@ -10,6 +10,16 @@
  * split them silently) and NUL bytes, drops a UTF-8 BOM, and checks section
  * headers itself, so a malformed header or a line inih cannot parse is
  * reported with its line.
+ *
+ * inih has compile-time options for part of this (INI_HANDLER_LINENO hands
+ * the handler its line, INI_CALL_HANDLER_ON_NEW_SECTION reports every
+ * header, INI_ALLOW_MULTILINE 0 ends continuations), but they are options
+ * of the library's build, not of its caller: the shared libinih a
+ * distribution ships (Debian's libinih1 r55) is built with the defaults of
+ * ini.h, and INI_HANDLER_LINENO changes the handler's type, so defining it
+ * here would call the library with the wrong signature. What this adapter
+ * adds is what those options would have done, and no more: the key and
+ * value parsing, comments and inline comments stay inih's.
  */
 #ifndef GG_INIFILE_H
 #define GG_INIFILE_H
