@@ -144,7 +144,8 @@ demo: deps
 	@GG_BUILD=$(BUILD) $(PYTHON) tools/demo/demo.py $(if $(filter real,$(TORCH)),--rig)
 
 bench: deps
-	@$(MAKE) --no-print-directory OPT=-O2 $(SHIM_LIB) $(FAKE_LIBS) $(BUILD)/bench/bench
+	@$(MAKE) --no-print-directory OPT=-O2 $(SHIM_LIB) $(FAKE_LIBS) $(BUILD)/bench/bench \
+	  $(BUILD)/tests/progs/harden
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/run.py
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/report_bench.py
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/torch_step.py

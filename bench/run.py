@@ -33,6 +33,7 @@ BENCH = os.path.join(BUILD, "bench", "bench")
 SHIM = os.path.join(BUILD, "libgpuguard.so")
 CUDART = os.path.join(BUILD, "fake", "libcudart.so.13")
 PYLOOP = os.path.join(ROOT, "bench", "pyloop.py")
+HARDEN = os.path.join(BUILD, "tests", "progs", "harden")
 
 DEVICE = "NVIDIA H200,141GiB,9.0"
 PAIR_SIZE = 1 << 20      # 1 MiB: far below the 1%-of-total sample threshold
@@ -210,6 +211,33 @@ def startup(b, argv, runs):
             "runs": runs, "argv": argv, "raw_ms": {"without": w, "with": p}}
 
 
+def thread_stack(b, runs):
+    """Bytes of a 16 KiB thread's stack touched by a near miss, two refusals
+    and two OOMs (tests/progs/harden smallstack), without the shim and with
+    it (stacks = all, enforce): what the shim adds to a CUDA call's stack.
+    The test (test_hardening) bounds it by the same path without the shim;
+    the figure itself is the machine's (compiler, libc)."""
+    policy = os.path.join(b.tmp, "stack.ini")
+    with open(policy, "w") as f:
+        f.write("[gpu]\nmatch = *\n[memory]\nheadroom = 10%\nnear_miss = 5%\n"
+                "mode = enforce\n[trainer]\nsignal = none\n[journal]\nstacks = all\n")
+    used = {}
+    for _ in range(runs):
+        for shim in (False, True):
+            env = dict(b.env(None), FAKECUDA_DEVICES="NVIDIA GeForce RTX 3090,24GiB,8.6")
+            if shim:
+                env.update(GPUGUARD_POLICY=policy, LD_PRELOAD=SHIM, GPUGUARD_JOURNAL_DIR=b.journals)
+            out = subprocess.run([HARDEN, "alloc:20G", "smallstack:16", "freeall"], env=env,
+                                 cwd=b.tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 universal_newlines=True, timeout=120).stdout
+            m = [l for l in out.splitlines() if l.startswith("stack used ")]
+            if m:
+                used.setdefault(shim, []).append(int(m[0].split()[2]))
+    if len(used) < 2:
+        return None
+    return {"without": max(used[False]), "with": max(used[True]), "runs": runs}
+
+
 def verdict(ok):
     return "PASS" if ok else "MISS"
 
@@ -273,6 +301,8 @@ def main():
         stp = steps(b, STEP_SITES, st_steps)
         say(f"soak: {soak_s} s of memory oscillating across the sample step")
         sk = soak(b, soak_s)
+        say("a 16 KiB thread's stack: a near miss, refusals and OOMs with stacks on")
+        stk = thread_stack(b, 3) if os.path.exists(HARDEN) else None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     elapsed = time.monotonic() - t_start
@@ -357,6 +387,12 @@ def main():
                     "result": verdict(sk["bytes_per_hour"] < 12 * (1 << 20)),
                     "note": f"{sk['bytes']} bytes for {sk['pairs']} pairs; issue 17: under 2 MiB "
                             f"per 10 min"})
+
+    if stk:
+        figure("stack of a 16 KiB thread, stacks=all", stk["without"], stk["with"], "B",
+               stk["without"], "added <= without",
+               note="bytes touched by a near miss, 2 refusals, 2 OOMs; the most of "
+                    f"{stk['runs']} runs")
 
     # ---- the table -------------------------------------------------------------
     def fmt(v, unit):
