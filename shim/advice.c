@@ -122,16 +122,26 @@ bool gg_advice_pending(struct gg_advice *out)
     return r;
 }
 
-bool gg_advice_ack(unsigned s, int *batch_size, int *grad_accum)
+/* The batch before and, when it changes, the change (under the lock). */
+static bool change_batch(struct gg_batch now, struct gg_batch *was)
+{
+    *was = told ? (struct gg_batch){batch, accum} : (struct gg_batch){0, 0};
+    bool changed = !told || batch != now.batch_size || accum != now.grad_accum;
+    batch = now.batch_size;
+    accum = now.grad_accum;
+    told = true;
+    return changed;
+}
+
+bool gg_advice_ack(unsigned s, struct gg_batch *now, struct gg_batch *was)
 {
     sigset_t saved;
     bool changed = false;
     lock_take(&saved);
     if (has_pending && s == pending.seq) {
         if (pending.batch_size > 0) {
-            batch = *batch_size = pending.batch_size;
-            accum = *grad_accum = pending.grad_accum;
-            told = changed = true;
+            *now = (struct gg_batch){pending.batch_size, pending.grad_accum};
+            changed = change_batch(*now, was);
         }
         has_pending = false;
     }
@@ -152,15 +162,14 @@ bool gg_advice_current(int *batch_size, int *grad_accum)
     return r;
 }
 
-void gg_advice_set_batch(int batch_size, int grad_accum)
+bool gg_advice_set_batch(struct gg_batch now, struct gg_batch *was)
 {
     sigset_t saved;
     lock_take(&saved);
-    batch = batch_size;
-    accum = grad_accum;
-    told = true;
+    bool changed = change_batch(now, was);
     lock_drop(&saved);
     atomic_store(&registered, true);
+    return changed;
 }
 
 bool gg_advice_registered(void)

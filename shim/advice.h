@@ -24,6 +24,11 @@ struct gg_trainer_policy {
     int signal;                                  /* 0: none */
 };
 
+/* A batch and its accumulation; {0, 0}: not known (never told). */
+struct gg_batch {
+    int batch_size, grad_accum;
+};
+
 /* One advice, as the C API hands it out (struct gpuguard_advice's fields). */
 struct gg_advice {
     unsigned seq;
@@ -44,10 +49,13 @@ void gg_advice_signal(int sig);
 
 /* The C API's side. */
 bool gg_advice_pending(struct gg_advice *out);
-/* The trainer acted on advice seq: true when that made the advised batch
- * the current one (*batch_size, *grad_accum say it). */
-bool gg_advice_ack(unsigned seq, int *batch_size, int *grad_accum);
-void gg_advice_set_batch(int batch_size, int grad_accum);
+/* The trainer acted on advice seq: the advised batch becomes the current
+ * one. True when that changed it: *now is the new batch, *was the one
+ * before (not known when the trainer never told it). */
+bool gg_advice_ack(unsigned seq, struct gg_batch *now, struct gg_batch *was);
+/* The trainer runs this batch now: true when that changed it (*was: the
+ * one before). */
+bool gg_advice_set_batch(struct gg_batch now, struct gg_batch *was);
 /* What the trainer runs now, as it last said or acked; false if never told. */
 bool gg_advice_current(int *batch_size, int *grad_accum);
 /* A trainer has told its batch (gpuguard_set_batch) at least once. */

@@ -55,23 +55,26 @@ GG_EXPORT int gpuguard_advice(struct gpuguard_advice *out)
 
 GG_EXPORT void gpuguard_ack(unsigned seq)
 {
-    int batch, accum, was = gg_inside();
+    int was_inside = gg_inside();
+    struct gg_batch now, was;
     if (gg_tracing())
         gg_trace_api("ack", seq, 0);
-    if (gg_advice_ack(seq, &batch, &accum))
-        gg_life_batch(batch, accum);
-    gg_outside(was);
+    if (gg_advice_ack(seq, &now, &was))
+        gg_life_batch(now, was);
+    gg_outside(was_inside);
 }
 
 GG_EXPORT void gpuguard_set_batch(int batch_size, int grad_accum)
 {
-    int was = gg_inside();
+    int was_inside = gg_inside();
+    struct gg_batch was;
     if (gg_tracing())
         gg_trace_api("batch", batch_size, grad_accum);
-    gg_advice_set_batch(batch_size, grad_accum);
+    bool changed = gg_advice_set_batch((struct gg_batch){batch_size, grad_accum}, &was);
     gg_life_registered();
-    gg_life_batch(batch_size, grad_accum);
-    gg_outside(was);
+    if (changed)
+        gg_life_batch((struct gg_batch){batch_size, grad_accum}, was);
+    gg_outside(was_inside);
 }
 
 GG_EXPORT void gpuguard_step(unsigned long long step)

@@ -338,15 +338,19 @@ void gg_events_leak(int dev, uint64_t step, const struct gg_step_verdict *v)
     end(&j);
 }
 
-void gg_events_batch(int dev, int batch_size, int grad_accum, const struct gg_window *w,
+void gg_events_batch(int dev, struct gg_batch now, struct gg_batch was, const struct gg_window *w,
                      bool final)
 {
     struct gg_json j;
     if (!begin(&j, 256, EV(batch)))
         return;
     gg_json_ki64(&j, F(batch, dev), dev);
-    gg_json_ki64(&j, F(batch, batch_size), batch_size);
-    gg_json_ki64(&j, F(batch, grad_accum), grad_accum);
+    gg_json_ki64(&j, F(batch, batch_size), now.batch_size);
+    gg_json_ki64(&j, F(batch, grad_accum), now.grad_accum);
+    if (was.batch_size > 0) {
+        gg_json_ki64(&j, F(batch, was_batch_size), was.batch_size);
+        gg_json_ki64(&j, F(batch, was_grad_accum), was.grad_accum);
+    }
     gg_json_ku64(&j, F(batch, peak), w->peak);
     gg_json_ku64(&j, F(batch, peak_used), w->peak_used);
     gg_json_ku64(&j, F(batch, live), w->live);

@@ -28,10 +28,11 @@ void gg_events_advice(const struct gg_advice *a, bool signaled, const struct gg_
 void gg_events_step(int dev, uint64_t step, const struct gg_step_verdict *v);
 /* leak: live bytes at the boundaries grow steadily on device dev. */
 void gg_events_leak(int dev, uint64_t step, const struct gg_step_verdict *v);
-/* batch: the trainer set (or acked) a batch; the phase that ended, on
- * device dev (final: at exit, the phase the process ended in). */
+/* batch: the trainer runs batch now instead of was (when known); w: the
+ * phase of was that ended, on device dev (final: at exit, the phase the
+ * process ended in, now = was). */
 struct gg_window;
-void gg_events_batch(int dev, int batch_size, int grad_accum, const struct gg_window *w,
+void gg_events_batch(int dev, struct gg_batch now, struct gg_batch was, const struct gg_window *w,
                      bool final);
 /* arch: a module's device code judged against the GPUs of one compute
  * capability (arch.c). */

@@ -288,7 +288,7 @@ static bool device_used(const struct gg_device *d, int dev)
     return gg_ledger_allocs(dev) || atomic_load(&d->ooms) || atomic_load(&d->refusals);
 }
 
-static void batch_events(int batch_size, int grad_accum, bool final)
+static void batch_events(struct gg_batch now, struct gg_batch was, bool final)
 {
     gg_react_flush();
     for (int i = 0; i < gg_device_count; i++) {
@@ -297,15 +297,15 @@ static void batch_events(int batch_size, int grad_accum, bool final)
         if (!d || !device_used(d, i))
             continue;
         gg_device_close_phase(d, &w);
-        gg_events_batch(i, batch_size, grad_accum, &w, final);
+        gg_events_batch(i, now, was, &w, final);
     }
 }
 
-void gg_life_batch(int batch_size, int grad_accum)
+void gg_life_batch(struct gg_batch now, struct gg_batch was)
 {
     if (!gg_active())
         return;
-    batch_events(batch_size, grad_accum, false);
+    batch_events(now, was, false);
     for (int i = 0; i < gg_device_count; i++)
         gg_steps_reset(i); /* another batch: the old trend says nothing of it */
 }
@@ -375,8 +375,8 @@ void gg_life_finish(void)
         gg_journal_final();
     gg_ticker_stop(); /* and the last tick: the timeline to now, what was left out */
     gg_react_python();
-    if (!inside && gg_advice_current(&batch, &accum))
-        batch_events(batch, accum, true); /* the phase the process ended in */
+    if (!inside && gg_advice_current(&batch, &accum)) /* the phase the process ended in */
+        batch_events((struct gg_batch){batch, accum}, (struct gg_batch){batch, accum}, true);
     gg_events_summary(gg_clock_since_start(), !inside);
     if (!proc.quiet)
         say_summary();

@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "advice.h"
 #include "prim.h"
 
 enum gg_state {
@@ -74,9 +75,10 @@ static inline bool gg_passing_through(void)
 /* A trainer registered (the C API): journal it, enforce where auto. */
 void gg_life_registered(void);
 
-/* The trainer runs a new batch (set or acked): the phase that ends is
- * journaled per used device (`batch` events), for --recommend. */
-void gg_life_batch(int batch_size, int grad_accum);
+/* The trainer runs a new batch, now (set or acked), instead of was (not
+ * known when it never said): the phase of was ends, journaled per used
+ * device (`batch` events), for --recommend. */
+void gg_life_batch(struct gg_batch now, struct gg_batch was);
 
 /* A training step ended (gpuguard_step): per used device, the step's
  * line, the forecast, the leak (steps.h). */

@@ -24,8 +24,8 @@ static void raise_(enum gg_reason why)
 
 static void ack(unsigned seq)
 {
-    int b, a;
-    gg_advice_ack(seq, &b, &a);
+    struct gg_batch now, was;
+    gg_advice_ack(seq, &now, &was);
 }
 
 static void setup(int batch, int accum, int min)
@@ -34,7 +34,8 @@ static void setup(int batch, int accum, int min)
     struct gg_advice a;
     if (gg_advice_pending(&a))
         ack(a.seq); /* clear what an earlier test left */
-    gg_advice_set_batch(batch, accum);
+    struct gg_batch was;
+    gg_advice_set_batch((struct gg_batch){batch, accum}, &was);
 }
 
 static void test_halve_and_keep_effective(void)
@@ -102,14 +103,22 @@ static void test_policy_batch_and_raise_result(void)
     CHECK(gg_advice_raise(0, GG_REASON_NEAR_MISS, &policy, &a));
     CHECK(!gg_advice_raise(0, GG_REASON_NEAR_MISS, &policy, &a));
     CHECK(gg_advice_registered());
-    /* an ack makes the advised batch the current one, and says so */
+    /* an ack makes the advised batch the current one, and says so, with
+     * the batch it replaces */
+    struct gg_batch now = {0, 0}, was = {0, 0};
     int b = 0, acc = 0;
     CHECK(gg_advice_pending(&a));
-    CHECK(gg_advice_ack(a.seq, &b, &acc));
-    CHECK_EQ_U64(b, 16);
-    CHECK_EQ_U64(acc, 2);
+    CHECK(gg_advice_ack(a.seq, &now, &was));
+    CHECK_EQ_U64(now.batch_size, 16);
+    CHECK_EQ_U64(now.grad_accum, 2);
+    CHECK_EQ_U64(was.batch_size, 32);
+    CHECK_EQ_U64(was.grad_accum, 1);
     CHECK(gg_advice_current(&b, &acc) && b == 16 && acc == 2);
-    CHECK(!gg_advice_ack(a.seq, &b, &acc)); /* twice: nothing new */
+    CHECK(!gg_advice_ack(a.seq, &now, &was)); /* twice: nothing new */
+    /* setting the batch it runs already changes nothing; another does */
+    CHECK(!gg_advice_set_batch((struct gg_batch){16, 2}, &was));
+    CHECK(gg_advice_set_batch((struct gg_batch){8, 4}, &was));
+    CHECK(was.batch_size == 16 && was.grad_accum == 2);
 }
 
 /* A signal handler on the thread that holds the lock never runs inside it:

@@ -85,7 +85,8 @@ static void test_incident_and_advice(void)
                         .bytes = 2 * GiB, .site = GG_SITE_NONE,
                         .caller = libc_ip()}; /* asked from libc */
     struct gg_verdict v = {.incident = GG_INCIDENT_REFUSED, .journal = true, .used = 21 * GiB};
-    gg_advice_set_batch(32, 1);
+    struct gg_batch was;
+    gg_advice_set_batch((struct gg_batch){32, 1}, &was);
     signal(SIGUSR2, SIG_DFL);
     gg_react(&c, &v);
     const char *l = line_of("refused");
@@ -116,8 +117,16 @@ static void test_incident_and_advice(void)
 static void test_batch_and_summary(void)
 {
     struct gg_window w = {.peak = 5 * GiB, .peak_used = 6 * GiB, .live = GiB};
-    gg_events_batch(0, 8, 4, &w, true);
+    /* the trainer's first batch: the phase before it has no batch to say */
+    gg_events_batch(0, (struct gg_batch){16, 2}, (struct gg_batch){0, 0}, &w, false);
+    CHECK(strstr(journal(), "\"ev\":\"batch\",\"dev\":0,\"batch_size\":16,\"grad_accum\":2,"
+                            "\"peak\":5368709120,"));
+    gg_events_batch(0, (struct gg_batch){8, 4}, (struct gg_batch){16, 2}, &w, false);
+    CHECK(strstr(journal(), "\"batch_size\":8,\"grad_accum\":4,\"was_batch_size\":16,"
+                            "\"was_grad_accum\":2,\"peak\":5368709120,"));
+    gg_events_batch(0, (struct gg_batch){8, 4}, (struct gg_batch){8, 4}, &w, true);
     CHECK(strstr(journal(), "\"ev\":\"batch\",\"dev\":0,\"batch_size\":8,\"grad_accum\":4,"
+                            "\"was_batch_size\":8,\"was_grad_accum\":4,"
                             "\"peak\":5368709120,\"peak_used\":6442450944,\"live\":1073741824,"
                             "\"final\":true}"));
     /* 3 GiB on the device, 2 GiB of it a pool's, which handed out 512 MiB */

@@ -88,9 +88,13 @@ class Process(object):
         self.events.append({"t": t, "ev": "step", "step": step, "dev": dev, "peak": peak,
                             "peak_used": peak_used, "live": live})
 
-    def batch(self, t, dev, batch, accum, peak):
-        self.events.append({"t": t, "ev": "batch", "dev": dev, "batch_size": batch,
-                            "grad_accum": accum, "peak": peak})
+    def batch(self, t, dev, batch, accum, peak, was=None):
+        """was: (batch, accum) of the phase that ended, when the shim knew it."""
+        e = {"t": t, "ev": "batch", "dev": dev, "batch_size": batch, "grad_accum": accum}
+        if was:
+            e["was_batch_size"], e["was_grad_accum"] = was
+        e["peak"] = peak
+        self.events.append(e)
 
     def summary(self, t, allocs=100, live=0):
         devs = []

@@ -130,6 +130,84 @@ class Base(unittest.TestCase):
 REFUSED_RUN = [(4, 8, 5), (16, 2, 5), (8, 4, 5)]
 
 
+def growing(b, step):
+    """A run whose activations grow with the step (a sequence length that
+    grows) as well as with the batch, like the demo's."""
+    return 6 * GiB + b * (120 * MiB + 40 * MiB * step)
+
+
+def growing_trainer(phases, last_step, peak_of=growing):
+    """The demo's story in the shim's shape: the trainer told its batch
+    before the shim started (no batch event opens the first phase); each
+    step is a `step` line; a forecast advice moves it to the next phase,
+    whose `batch` event says the batch that ended (was_batch_size)."""
+    p = shimlike.Process([shimlike.device(0, RTX, TOTAL, HEADROOM, NEAR, cc="8.6")])
+    t, seq, step = 1.0, 0, 0
+    peak = 0
+    for i, (b, a, until) in enumerate(phases):
+        if i:
+            seq += 1
+            p.advice(t, seq, 0, b, a, "forecast", forecast={"step": step + 1,
+                                                          "bytes": peak_of(phases[i - 1][0], step + 1)})
+            p.batch(t + 1e-3, 0, b, a, peak, was=phases[i - 1][:2])
+            peak = 0
+        else:
+            p.mode(t, 0)
+        while step < min(until, last_step):
+            step += 1
+            t += 0.5
+            sp = peak_of(b, step)
+            peak = max(peak, sp)
+            p.sample(t, 0, sp, sp + CONTEXT)
+            p.step(t, step, 0, sp, sp + CONTEXT, 6 * GiB)
+    p.batch(t + 1, 0, phases[-1][0], phases[-1][1], peak, was=phases[-1][:2])
+    p.summary(t + 2)
+    return p
+
+
+class GrowingRun(Base):
+    """Issue of first contact: on the demo's journal --recommend proposed
+    batch 16 x 2 although the same run had to leave 16 for 8 at step 19: a
+    fit on batch alone, of a run that also grows every step, without its
+    first phase (no batch event before the first allocation)."""
+
+    PHASES = [(32, 1, 8), (16, 2, 19), (8, 4, 28)]
+
+    def test_the_first_phase_is_named_by_the_next_batch_event(self):
+        [r] = self.recommend(growing_trainer(self.PHASES, 28))
+        self.assertIn(32, [b for b, _, _ in r.points])
+
+    def test_fit_with_the_step_and_never_a_batch_advised_off(self):
+        [r] = self.recommend(growing_trainer(self.PHASES, 28))
+        self.assertIsNotNone(r.model)                      # the step is a variable
+        self.assertEqual(r.steps, (1, 28))
+        self.assertEqual(r.advised_off, (16, 19))
+        self.assertLess(r.batch, 16)
+        # the largest batch whose truth at the run's last step stays under the cap
+        want = max(b for b in range(1, 16) if growing(b, 28) <= r.cap)
+        self.assertEqual(r.batch, want)
+        self.assertGreaterEqual(r.predicted, growing(r.batch, 28))     # errs high
+        self.assertLess(r.predicted - growing(r.batch, 28), 64 * MiB)  # by little
+        self.assertEqual(r.accum, -(-32 // r.batch))
+
+    def test_what_the_recommendation_covers_is_said(self):
+        out = self.report("--recommend", growing_trainer(self.PHASES, 28).write(self.tmp))
+        lines = out.splitlines()
+        i = lines.index("Recommendation for the next run (--recommend):")
+        self.assertRegex(lines[i + 2], r"^    why: fit peak = 6\.00 GiB \+ batch x \(120\.00 MiB "
+                                       r"\+ 40\.00 MiB x step\) from 28 step lines at batches "
+                                       r"8, 16, 32; predicted .* at step 28 <= limit")
+        self.assertRegex(lines[i + 3], r"^    covers: steps 1-28, this run's; batch \d+ reaches "
+                                       r".* at step \d+ \(.* a step\); batch 16 was advised off "
+                                       r"at step 19$")
+
+    def test_a_flat_run_keeps_the_batch_fit(self):
+        # steps that do not grow within a batch: the batch alone explains the peak
+        [r] = self.recommend(growing_trainer(self.PHASES, 28, peak_of=lambda b, s: linear(b)))
+        self.assertIsNone(r.model)
+        self.assertIsNotNone(r.line)
+
+
 class Recommend(Base):
     def test_refused_phase_then_smaller_batch(self):
         run = trainer(REFUSED_RUN)

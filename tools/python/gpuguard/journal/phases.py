@@ -5,7 +5,7 @@ bound of failed phases; the batch path.
 
 import collections
 
-from .limits import PATH_HEAD, PATH_TAIL
+from .limits import FIT_POINTS, PATH_HEAD, PATH_TAIL
 from .values import num
 
 MARGIN_SOURCE = "steps (not every step journaled: + margin)"
@@ -20,6 +20,18 @@ class Phases(object):
     def __init__(self):
         self.events = 0
         self.cur = None
+        # Before the first batch event: steps and samples of a batch not
+        # said yet, the first phase once an event names it (was_batch_size).
+        self.before = self._phase(None, None, 0.0)
+        # For --recommend's fit with the step as a variable: [phase, step,
+        # peak] of step lines (every `stride`-th once FIT_POINTS were kept),
+        # and [phase, step] of each advice that moved the trainer off its
+        # phase's batch (the batch is the phase's, named when it is known).
+        self.points = []
+        self.stride = 1
+        self.seen_points = 0
+        self.advised_off = []
+        self.fails = []          # [phase, step, device bytes it needed]
         self.by_batch = {}
         self.effective = None
         self.head = []
@@ -29,9 +41,37 @@ class Phases(object):
         self.step_lines = 0
         self.thinning = False    # steps skipped past the 100th line: the shim thins
 
-    def batch(self, t, b, a, peak, d):
+    @staticmethod
+    def _phase(b, a, t0):
+        return {"batch": b, "accum": a, "t0": t0, "step_peak": None, "sample_peak": None,
+                "event_peak": None, "need": None, "failed": 0, "thinned": False}
+
+    def _open(self, t, b, a):
+        if self.effective is None or b * a > self.effective:
+            self.effective = b * a
+        prev = (self.tail or self.head or [None])[-1]
+        if prev is None or (prev["batch"], prev["accum"]) != (b, a):
+            ch = {"t": t, "batch": b, "accum": a}
+            self.changes += 1
+            if len(self.head) < PATH_HEAD:
+                self.head.append(ch)
+            else:
+                self.tail.append(ch)
+
+    def batch(self, t, b, a, peak, d, was=None, was_accum=None):
+        """A `batch` event: the trainer runs b x a from now on; `peak` is
+        the phase that ends, whose batch the event says as `was` when the
+        journal has no phase open (the first event of a trainer that set
+        its batch before the shim started)."""
         self.events += 1
         a = a if a is not None and a >= 1 else 1
+        if self.cur is None and self.before is not None and was is not None and was >= 1:
+            c = self.before
+            c["batch"], c["accum"] = was, (was_accum if was_accum is not None and was_accum >= 1
+                                           else 1)
+            self._open(c["t0"], c["batch"], c["accum"])
+            self.cur = c
+        self.before = None
         c = self.cur
         if c is not None and (c["batch"], c["accum"]) == (b, a):
             # The same batch again (the helper acks an advice, then sets what
@@ -44,21 +84,11 @@ class Phases(object):
         if b is None or b < 1:
             self.cur = None
             return
-        if self.effective is None or b * a > self.effective:
-            self.effective = b * a
-        prev = (self.tail or self.head or [None])[-1]
-        if prev is None or (prev["batch"], prev["accum"]) != (b, a):
-            ch = {"t": t, "batch": b, "accum": a}
-            self.changes += 1
-            if len(self.head) < PATH_HEAD:
-                self.head.append(ch)
-            else:
-                self.tail.append(ch)
-        self.cur = {"batch": b, "accum": a, "t0": t, "step_peak": None, "sample_peak": None,
-                    "event_peak": None, "need": None, "failed": 0, "thinned": False}
+        self._open(t, b, a)
+        self.cur = self._phase(b, a, t)
 
     def sample(self, cur):
-        c = self.cur
+        c = self.cur or self.before
         if c is not None and (c["sample_peak"] is None or cur > c["sample_peak"]):
             c["sample_peak"] = cur
 
@@ -74,17 +104,48 @@ class Phases(object):
         gap = step is not None and last is not None and step > last + 1 and self.step_lines > 100
         if gap:
             self.thinning = True
+        c = c or self.before
         if c is None or peak is None:
             return
+        if step is not None and step >= 0:
+            self.seen_points += 1
+            if self.seen_points % self.stride == 0:
+                self.points.append([c, step, peak])
+                if len(self.points) >= FIT_POINTS:
+                    self.points = self.points[1::2]
+                    self.stride *= 2
         if c["step_peak"] is None or peak > c["step_peak"]:
             c["step_peak"] = peak
         if gap:
             c["thinned"] = True
 
+    def advised(self, step, batch):
+        """An advice at `step` (the last step reported) to run `batch`: the
+        trainer was advised off its phase's batch there."""
+        c = self.cur or self.before
+        if c is not None and batch is not None and len(self.advised_off) < FIT_POINTS:
+            self.advised_off.append([c, step, batch])
+
+    def fit_points(self):
+        """(batch, step, peak) of the step lines of phases whose batch is
+        known and that fitted (a refusal or OOM cut its steps' peaks short:
+        what they needed is in fail_points)."""
+        return [(c["batch"], st, p) for c, st, p in self.points
+                if c["batch"] is not None and not c["failed"]]
+
+    def fail_points(self):
+        """(batch, step, device bytes needed) of refusals and OOMs."""
+        return [(c["batch"], st, n) for c, st, n in self.fails if c["batch"] is not None]
+
+    def advised_off_batches(self):
+        """(batch, step): batches the run was advised off, at the step it was."""
+        return [(c["batch"], st) for c, st, b in self.advised_off
+                if c["batch"] is not None and b < c["batch"]]
+
     def failed(self, used, nbytes):
         """A refusal or OOM in the current phase: the device would have
         needed at least used + bytes."""
-        c = self.cur
+        c = self.cur or self.before
         if c is None:
             return
         c["failed"] += 1
@@ -92,6 +153,8 @@ class Phases(object):
             need = used + nbytes
             if c["need"] is None or need > c["need"]:
                 c["need"] = need
+            if self.last_step is not None and len(self.fails) < FIT_POINTS:
+                self.fails.append([c, self.last_step, need])
 
     def finish(self, d):
         if self.cur is not None:

@@ -206,7 +206,7 @@ class Journal(object):
         if cur is not None:
             if d.peak_cur is None or cur > d.peak_cur:
                 d.peak_cur, d.peak_t = cur, t
-            if d.phases.cur is not None:
+            if d.phases.cur is not None or d.phases.before is not None:
                 d.phases.sample(cur)
             if used is not None:
                 other = used - cur
@@ -249,7 +249,9 @@ class Journal(object):
 
     def _ev_advice(self, ev, t):
         d = self.device(ev.get("dev", 0))
-        self.last_run = d.advice.add(ev, t, d.last_step[0] if d.last_step else None)
+        step = d.last_step[0] if d.last_step else None
+        self.last_run = d.advice.add(ev, t, step)
+        d.phases.advised(step, as_int(ev.get("batch_size")))
         seq = as_int(ev.get("seq"))
         if seq is not None and (self.max_seq is None or seq > self.max_seq):
             self.max_seq = seq
@@ -257,7 +259,8 @@ class Journal(object):
     def _ev_batch(self, ev, t):
         d = self.device(ev.get("dev", 0))
         d.phases.batch(t, as_int(ev.get("batch_size")), as_int(ev.get("grad_accum")),
-                       num(ev.get("peak")), d)
+                       num(ev.get("peak")), d, as_int(ev.get("was_batch_size")),
+                       as_int(ev.get("was_grad_accum")))
 
     def _ev_mode(self, ev, t):
         d = self.device(ev.get("dev", 0))

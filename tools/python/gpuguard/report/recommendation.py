@@ -9,6 +9,7 @@ from collections import OrderedDict
 
 from ..journal.values import num
 from .formatting import fmt_bytes, plural
+from .stepfit import fit as step_fit
 
 
 class Recommendation(object):
@@ -32,6 +33,10 @@ class Recommendation(object):
         self.mode = None
         self.why = None
         self.need = None           # what it would need, when it cannot recommend
+        self.model = None          # a StepFit, when memory grows with the step
+        self.steps = None          # (first, last): the steps the recommendation covers
+        self.advised_off = None    # (batch, step): the smallest batch the run was advised off
+        self.covers = None         # what the recommendation covers, said
 
     def predict(self, b):
         c, k = self.line
@@ -64,8 +69,13 @@ def recommend(journals):
         r = Recommendation(name)
         recs.append(r)
         peaks, needs, eff = {}, {}, None
+        steps, fails, off = [], [], []
         for j, d in devs:
             ph = d.phases
+            other_d = d.other_max if d.other_max is not None else 0
+            steps += ph.fit_points()
+            fails += [(b, st, n - other_d) for b, st, n in ph.fail_points()]
+            off += ph.advised_off_batches()
             if ph.effective is not None and (eff is None or ph.effective > eff):
                 eff = ph.effective
             for b, e in ph.by_batch.items():
@@ -118,54 +128,114 @@ def recommend(journals):
         if r.cap is None:
             r.need = "the journals do not give this GPU's limit and near-miss margin (start event)"
             continue
-        n = float(len(r.points))
-        mb = sum(b for b, _, _ in r.points) / n
-        mp = sum(p for _, p, _ in r.points) / n
-        var = sum((b - mb) ** 2 for b, _, _ in r.points)
-        k = sum((b - mb) * (p - mp) for b, p, _ in r.points) / var
-        if k <= 0:
-            r.need = ("the peak does not grow with the batch in these points (%s): a fit "
-                      "would not bound larger batches; it needs phases whose peaks the batch "
-                      "drives" % pts)
-            continue
-        # The least-squares slope, lifted to lie on or above every point.
-        c = max(p - k * b for b, p, _ in r.points)
-        r.line = (c, k)
-        # predict() grows with the batch: the largest batch that fits, by
-        # bisection, up to the effective batch and below any refused batch
+        r.advised_off = min(off) if off else None
         hi = eff if eff else max(b for b, _, _ in r.points)
         if r.bounds:
             hi = min(hi, min(b for b, _ in r.bounds) - 1)
-        best = None
-        if hi >= 1 and r.predict(1) <= r.cap:
-            lo = 1
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if r.predict(mid) <= r.cap:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            best = lo
-        margin = "limit %s - near-miss margin %s - others %s = %s" % (
-            fmt_bytes(r.limit), fmt_bytes(r.near), fmt_bytes(r.other), fmt_bytes(r.cap))
-        fit = "fit peak = %s + %s x batch from %s (%s)" % (
-            fmt_bytes(c, 2), fmt_bytes(k, 2), plural(len(r.points), "point"), pts)
-        if r.bounds:
-            fit += ", refused at %s" % ", ".join(
-                "%d (needed >= %s)" % (b, fmt_bytes(nd)) for b, nd in r.bounds)
-        if best is None:
-            if hi < 1:
-                r.need = "even batch 1 was refused; %s" % fit
-            else:
-                r.need = "even batch 1 is predicted to need %s, more than %s; %s" % (
-                    fmt_bytes(r.predict(1)), margin, fit)
-            continue
-        r.batch = best
-        r.effective = eff or best
-        r.accum = max(1, -(-r.effective // best))
-        r.predicted = r.predict(best)
-        r.why = "%s; predicted %s <= %s" % (fit, fmt_bytes(r.predicted, 2), margin)
+        if r.advised_off:
+            # never a batch the run was advised off: it is what the run left
+            hi = min(hi, r.advised_off[0] - 1)
+        r.model = step_fit(steps, fails, r.total)
+        if r.model is not None:
+            _by_step(r, hi, eff)
+        else:
+            _by_batch(r, hi, eff, pts)
     return recs
+
+
+def _largest(ok, hi):
+    """The largest batch in 1..hi for which ok(batch) holds (ok falls as
+    the batch grows), or None."""
+    if hi < 1 or not ok(1):
+        return None
+    lo = 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _margin(r):
+    return "limit %s - near-miss margin %s - others %s = %s" % (
+        fmt_bytes(r.limit), fmt_bytes(r.near), fmt_bytes(r.other), fmt_bytes(r.cap))
+
+
+def _advised_off_text(r):
+    b, st = r.advised_off
+    return "batch %d was advised off%s" % (b, "" if st is None else " at step %d" % st)
+
+
+def _by_step(r, hi, eff):
+    """The run's memory grows with the step: the largest batch whose peak
+    stays under the cap through the run's last step."""
+    m = r.model
+    s0, s1 = m.steps
+    r.steps = (s0, s1)
+    best = _largest(lambda b: m.highest(b, s0, s1) <= r.cap, hi)
+    fit = "fit %s from %s at batches %s" % (
+        m.text(), plural(m.npoints, "step line"), ", ".join(str(b) for b in m.batches))
+    if best is None:
+        r.need = ("even batch 1 is predicted to need %s by step %d, more than %s; %s" % (
+            fmt_bytes(m.highest(1, s0, s1)), s1, _margin(r), fit) if hi >= 1 else
+            "even batch 1 was refused; %s" % fit)
+        return
+    _propose(r, best, eff, m.highest(best, s0, s1))
+    r.why = "%s; predicted %s at step %d <= %s" % (fit, fmt_bytes(r.predicted, 2), s1,
+                                                   _margin(r))
+    covers = "steps %d-%d, this run's" % (s0, s1)
+    at = m.reaches(best, r.cap)
+    if at is not None:
+        covers += "; batch %d reaches %s at step %d (%s a step)" % (
+            best, fmt_bytes(r.cap), at, fmt_bytes(m.growth(best), 2))
+    if r.advised_off:
+        covers += "; " + _advised_off_text(r)
+    r.covers = covers
+
+
+def _by_batch(r, hi, eff, pts):
+    """peak = fixed + per sample x batch from the phases' peaks."""
+    n = float(len(r.points))
+    mb = sum(b for b, _, _ in r.points) / n
+    mp = sum(p for _, p, _ in r.points) / n
+    var = sum((b - mb) ** 2 for b, _, _ in r.points)
+    k = sum((b - mb) * (p - mp) for b, p, _ in r.points) / var
+    if k <= 0:
+        r.need = ("the peak does not grow with the batch in these points (%s): a fit "
+                  "would not bound larger batches; it needs phases whose peaks the batch "
+                  "drives" % pts)
+        return
+    # The least-squares slope, lifted to lie on or above every point.
+    c = max(p - k * b for b, p, _ in r.points)
+    r.line = (c, k)
+    # predict() grows with the batch: the largest batch that fits, up to the
+    # effective batch and below any refused batch
+    best = _largest(lambda b: r.predict(b) <= r.cap, hi)
+    fit = "fit peak = %s + %s x batch from %s (%s)" % (
+        fmt_bytes(c, 2), fmt_bytes(k, 2), plural(len(r.points), "point"), pts)
+    if r.bounds:
+        fit += ", refused at %s" % ", ".join(
+            "%d (needed >= %s)" % (b, fmt_bytes(nd)) for b, nd in r.bounds)
+    if best is None:
+        if hi < 1:
+            r.need = "even batch 1 was refused; %s" % fit
+        else:
+            r.need = "even batch 1 is predicted to need %s, more than %s; %s" % (
+                fmt_bytes(r.predict(1)), _margin(r), fit)
+        return
+    _propose(r, best, eff, r.predict(best))
+    r.why = "%s; predicted %s <= %s" % (fit, fmt_bytes(r.predicted, 2), _margin(r))
+    if r.advised_off and best == r.advised_off[0] - 1 and r.predict(best + 1) <= r.cap:
+        r.covers = _advised_off_text(r)    # the fit alone would have said more
+
+
+def _propose(r, best, eff, predicted):
+    r.batch = best
+    r.effective = eff or best
+    r.accum = max(1, -(-r.effective // best))
+    r.predicted = predicted
 
 
 def recommend_text(recs, written=None):
@@ -179,6 +249,8 @@ def recommend_text(recs, written=None):
         out.append("  %s: batch %d x accum %d (effective %d)" % (
             r.name, r.batch, r.accum, r.batch * r.accum))
         out.append("    why: %s" % r.why)
+        if r.covers:
+            out.append("    covers: %s" % r.covers)
         if written and r.name in written:
             out.append("    policy: %s" % written[r.name])
     if written:
