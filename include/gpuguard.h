@@ -47,6 +47,15 @@ struct gpuguard_advice {
     char reason[32];               /* near_miss, refused, oom, at_min, forecast */
 };
 
+/* What a device's policy says of the trainer ([trainer] keys; 0: not
+ * given) and which file it is ("" for the built-in defaults). */
+struct gpuguard_policy {
+    int batch_size, grad_accum;    /* the batch to start from */
+    int min_batch_size;            /* advice never goes below it */
+    int apply_batch;               /* 1: start from batch_size when the trainer's is larger */
+    char file[4096];
+};
+
 #ifdef GPUGUARD_SHIM
 
 /* 0 and *out filled, or -1: no such device, or the guard is not active. */
@@ -61,6 +70,9 @@ void gpuguard_set_batch(int batch_size, int grad_accum);
 void gpuguard_note(const char *text);
 /* A training step ended (docs/trainer.md, "Steps, forecasts and leaks"). */
 void gpuguard_step(unsigned long long step);
+/* 0 and *out filled with device dev's policy, or -1: no such device, or
+ * the guard is not active. */
+int gpuguard_policy(int dev, struct gpuguard_policy *out);
 
 #else /* a trainer: find the preloaded shim's functions at run time */
 
@@ -118,6 +130,19 @@ static inline int gpuguard_advice(struct gpuguard_advice *out)
         return 0;
     memcpy(&fn, &p, sizeof fn);
     return fn(out);
+}
+
+/* 0 and *out filled with device dev's policy, or -1: no such device, the
+ * guard is not active, or a shim without this function. */
+static inline int gpuguard_policy(int dev, struct gpuguard_policy *out)
+{
+    static void *slot;
+    int (*fn)(int, struct gpuguard_policy *);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_policy");
+    if (!p)
+        return -1;
+    memcpy(&fn, &p, sizeof fn);
+    return fn(dev, out);
 }
 
 #if defined(__cplusplus) && defined(__GNUC__)

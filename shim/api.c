@@ -37,6 +37,21 @@ GG_EXPORT int gpuguard_stats(int dev, struct gpuguard_stats *out)
     return 0;
 }
 
+GG_EXPORT int gpuguard_policy(int dev, struct gpuguard_policy *out)
+{
+    struct gg_device *d = gg_active() ? gg_device(dev) : NULL;
+    if (!out || !d)
+        return -1;
+    const struct gg_policy *p = gg_device_policy(dev);
+    memset(out, 0, sizeof *out);
+    out->batch_size = p->s.batch_size;
+    out->grad_accum = p->s.grad_accum;
+    out->min_batch_size = p->s.min_batch_size;
+    out->apply_batch = p->s.apply_batch;
+    snprintf(out->file, sizeof out->file, "%s", p->file);
+    return 0;
+}
+
 GG_EXPORT int gpuguard_advice(struct gpuguard_advice *out)
 {
     struct gg_advice a;

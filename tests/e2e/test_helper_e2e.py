@@ -3,6 +3,7 @@ real shim on the fake GPU, with libtorchlike.so as its "PyTorch"; and the
 demo (tools/demo/demo.py) that tells the same story."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -228,7 +229,7 @@ class Demo(Case):
         # run 1 died of an OOM, partway
         self.assertIn("=> it died: OutOfMemoryError: CUDA out of memory. Tried to allocate", out)
         self.assertIn("step 12/28 (epoch 3, seq 480, batch 32 x accum 1): CUDA out of memory", out)
-        self.assertIn(INERT, out)
+        self.assertIn("no gpuguard: the plain loop, each batch whole", out)
         # run 2 was advised by the forecast a step before each near miss
         # (steps 9 and 20 would have entered the zone), shrank twice and
         # finished without a near miss, by splitting each batch of the
@@ -253,9 +254,22 @@ class Demo(Case):
                       "any near miss, refusal or OOM", out)
         self.assertIn("the first at the end of step 8: step 9 would peak at 21.1 GiB, in the "
                       "near-miss zone", out)
+        # run 3: the recommendation is one run 2 survived (never 16, which it
+        # was advised off at step 19; through its last step, 28), and the
+        # next run starts from it and meets no advice at all
+        self.assertRegex(out, r"NVIDIA GeForce RTX 3090: batch (\d+) x accum \d+ ")
+        rec = int(re.search(r"NVIDIA GeForce RTX 3090: batch (\d+) x accum", out).group(1))
+        self.assertLess(rec, 16)
+        self.assertIn("covers: steps 1-28, this run's; batch %d reaches" % rec, out)
+        self.assertIn("batch 16 was advised off at step 19", out)
+        self.assertIn("gpuguard: from batch 1 on, each batch of 32 is split into", out)
+        self.assertIn("micro-batches of at most %d (policy %s" % (
+            rec, os.path.join(out_dir, "next", "nvidia-geforce-rtx-3090.ini")), out)
+        self.assertRegex(out, r"next run: +finished every step \(exit status 0, [\d.]+ s\), "
+                              r"started at micro-batch %d, 0 advice, 0 near misses" % rec)
         self.assertTrue(out.rstrip().endswith("story: as expected"))
-        # one journal (the unguarded run leaves none), in the out dir only
+        # a journal per guarded run (the unguarded run leaves none), in the out dir only
         journals = [n for n in os.listdir(out_dir) if n.endswith(".jsonl")]
-        self.assertEqual(len(journals), 1, journals)
+        self.assertEqual(len(journals), 2, journals)
         self.assertFalse([n for n in os.listdir(self.tmp) if n.endswith(".jsonl")])
         self.assertTrue(os.path.exists(os.path.join(out_dir, "report.html")))

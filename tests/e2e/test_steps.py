@@ -178,7 +178,7 @@ print("ok")
         run = self.run_prog([torch_py, "-c", code], env=env)
         self.assertEqual(run.rc, 0, run.err)
         # nine batches: each boundary ends the batch before it, so the
-        # first eight are steps 1..8 (the ninth ends when the next would
-        # start, or at guard.step())
+        # first eight are steps 1..8, and the ninth, whose next boundary
+        # never comes, is told at exit (guard.finish())
         steps = [e["step"] for e in run.of("step")]
-        self.assertEqual(steps, list(range(1, 9)))
+        self.assertEqual(steps, list(range(1, 10)))

@@ -388,6 +388,8 @@ static void gg_print_trainer(const struct gg_policy *p)
         printf("batch not given");
     if (p->s.grad_accum)
         printf(" x accum %d", p->s.grad_accum);
+    if (p->s.batch_size && p->s.apply_batch)
+        printf(" (applied: the Python helper starts from it)");
     printf(", min batch %d, signal ", p->s.min_batch_size);
     if (sig)
         printf("%s\n", sig);

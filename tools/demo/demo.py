@@ -223,17 +223,43 @@ def schedule_text(plan):
                plan["seq_step"], sequence_length(plan, total), total))
 
 
+class PlainLoop(object):
+    """The loop without gpuguard (no shim, no helper): each batch runs whole,
+    and an out-of-memory error ends the run. (The helper alone, without the
+    shim, would halve after the OOM and redo the batch; the shim's
+    forecast is what spares the OOM.)"""
+
+    active, split = False, 1
+
+    def __init__(self, batch_size):
+        self.micro_batch_size = batch_size
+
+    def run(self, batch, step, zero_grad):
+        import gpuguard
+        step(gpuguard.MicroBatch(batch, 1.0, len(batch), 0, 1))
+
+    def advice(self):
+        return None
+
+    def stats(self):
+        return None
+
+
 def train(args):
     plan = json.loads(args.plan)
     build = args.build
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        import gpuguard
-        guard = gpuguard.Guard(batch_size=plan["batch_size"])
-    for w in caught:
-        print("  %s" % w.message)
-    print("gpuguard helper: %s" % ("active (libgpuguard.so is preloaded)" if guard.active
-                                   else "inactive"))
+    if not plan.get("helper", True):
+        guard = PlainLoop(plan["batch_size"])
+        print("no gpuguard: the plain loop, each batch whole")
+    else:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import gpuguard
+            guard = gpuguard.Guard(batch_size=plan["batch_size"])
+        for w in caught:
+            print("  %s" % w.message)
+        print("gpuguard helper: %s" % ("active (libgpuguard.so is preloaded)" if guard.active
+                                       else "inactive"))
     model = RealTorch(plan, build) if args.train == "real" else FakeTorch(plan, build)
     batch = list(range(plan["batch_size"]))  # the loader's batch: its samples' ids
     epochs, per_epoch = plan["epochs"], plan["steps_per_epoch"]
@@ -349,6 +375,49 @@ def run_trainer(backend, plan, build, env, out_dir):
         proc.wait()
         err.seek(0)
         return proc.returncode, proc.pid, err.read()
+
+
+def run_next(backend, plan, build, guarded, out_dir, journal):
+    """Run 3: gpuguard-report --recommend --out writes the policy the next
+    run should use; the same trainer runs under it (GPUGUARD_POLICY), and
+    its helper starts from the recommended batch."""
+    policy_dir = os.path.join(out_dir, "next")
+    shutil.rmtree(policy_dir, ignore_errors=True)
+    heading("Run 3: the next run, under the recommended policy")
+    say("$ tools/bin/gpuguard-report %s --recommend --out %s"
+        % (os.path.relpath(journal), os.path.relpath(policy_dir)))
+    rep = subprocess.run([sys.executable, REPORT, journal, "--recommend", "--out", policy_dir],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = rep.stdout.splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith("Recommendation for")), None)
+    for line in lines[start:] if start is not None else lines[-6:]:
+        say(line)
+    if not os.path.isdir(policy_dir):
+        say("=> no policy written: the next run would start as this one did")
+        return {"ok": False, "text": "no recommendation written"}
+    env = dict(guarded, GPUGUARD_POLICY=policy_dir)
+    say("$ GPUGUARD_POLICY=%s LD_PRELOAD=... python3 tools/demo/demo.py --train %s ..."
+        % (os.path.relpath(policy_dir), backend))
+    t0 = time.time()
+    rc, pid, err = run_trainer(backend, plan, build, env, out_dir)
+    for line in err.splitlines():
+        if line.startswith("gpuguard:"):
+            say("   " + line)
+    events = []
+    j3 = find_journal(out_dir, pid)
+    if j3:
+        with open(j3) as f:
+            events = [json.loads(l) for l in f if l.strip()]
+    advice = [e for e in events if e["ev"] == "advice"]
+    trouble = [e for e in events if e["ev"] in ("near_miss", "refused", "oom")]
+    first = [e for e in events if e["ev"] == "batch"]
+    started = first[0].get("batch_size") if first else None
+    ok = rc == 0 and not advice and not trouble
+    text = "%s (exit status %d, %.1f s), started at micro-batch %s, %d advice, %d near misses" % (
+        "finished every step" if rc == 0 else "did NOT finish", rc, time.time() - t0,
+        started if started is not None else "?", len(advice), len(trouble))
+    say("=> " + text)
+    return {"ok": ok, "text": text}
 
 
 def last_error_line(stderr):
@@ -554,10 +623,11 @@ def main():
     say("$ python3 tools/demo/demo.py --train %s ...   # the trainer: batch %d"
         % (backend, plan["batch_size"]))
     t0 = time.time()
+    bare = dict(plan, helper=False)
     if rig:
-        rc1, _, err1 = rig_trainer(rig, plan, out_dir, guarded=False)
+        rc1, _, err1 = rig_trainer(rig, bare, out_dir, guarded=False)
     else:
-        rc1, _, err1 = run_trainer(backend, plan, build, env, out_dir)
+        rc1, _, err1 = run_trainer(backend, bare, build, env, out_dir)
     died = rc1 not in (0, None) and "out of memory" in err1
     if died:
         say("=> it died: %s" % last_error_line(err1))
@@ -616,6 +686,10 @@ def main():
         say()
         say("demo: the guarded run left no journal in %s" % out_dir)
 
+    next_run = None
+    if journal and not rig:
+        next_run = run_next(backend, guarded_plan, build, guarded, out_dir, journal)
+
     heading("Verdict")
     say("without gpuguard: %s" % ("died of CUDA out of memory" if died else "did not die of an OOM (unexpected)"))
     forecast = advised[0].get("forecast") if advised and advised[0]["reason"] == "forecast" else None
@@ -630,9 +704,13 @@ def main():
         say("                  the first at the end of step %d: step %d would peak at %s, in "
             "the near-miss zone" % (forecast["step"] - 1, forecast["step"],
                                                fmt(forecast["bytes"])))
+    if next_run is not None:
+        say("next run:         %s" % next_run["text"])
     # Simulated, the numbers are exact: the first advice must be the
     # forecast. A real GPU's steps may be noisier: any advice in time will do.
     ok = died and finished and advised_first and (real or forecast is not None)
+    if next_run is not None and not real:
+        ok = ok and next_run["ok"]
     say("story: %s" % ("as expected" if ok else "NOT as expected"))
     return 0 if ok else 1
 

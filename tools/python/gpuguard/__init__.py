@@ -27,6 +27,7 @@ Standard library only; importing gpuguard never imports torch, transformers
 or lightning (it uses torch only when the program already imported it).
 """
 
+import atexit
 import logging
 import os
 import signal as _signal
@@ -34,6 +35,7 @@ import sys
 import threading
 import traceback
 import warnings
+import weakref
 
 from . import _native, _split
 
@@ -186,6 +188,18 @@ def _oom_error(message):
     return (classes[0] if classes else RuntimeError)(message)
 
 
+def _device():
+    """The CUDA device this process computes on: torch's current one when
+    torch has initialized CUDA, else 0."""
+    torch = _torch()
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return int(torch.cuda.current_device())
+    except Exception:
+        pass
+    return 0
+
+
 def _ceil_div(a, b):
     return -(-a // b)
 
@@ -279,6 +293,11 @@ class Guard(object):
         self.history = []
         #: Out-of-memory errors that run() caught and recovered from.
         self.ooms = 0
+        self._running = None     # the micro-batch run() is running (backward())
+        self._said_bare = False  # run() said once that it halves without the shim
+        # The last batch's step is told at exit too (the next boundary never comes).
+        ref = weakref.ref(self)
+        atexit.register(lambda: ref() is not None and ref().finish())
         self._native = _native.load()
         if self._native is None:
             warnings.warn(_INERT_MESSAGE, GpuguardWarning, stacklevel=2)
@@ -436,6 +455,8 @@ class Guard(object):
                 self.step()  # gpuguard_step: the previous batch, its optimizer step included
             self._batches += 1
             want, why = self._split, None
+            if self._batches == 1 and self.active:
+                want, why = self._policy_split()
             adv = self.advice()
             self._flag = False
             if adv is not None:
@@ -453,6 +474,21 @@ class Guard(object):
                 self._native.set_batch(self.micro_batch_size, self._accum * self._split)
                 _empty_cache(_torch())
             return self._split
+
+    def _policy_split(self):
+        """The split the first batch starts with: one piece, or, when the
+        device's policy says apply_batch (a policy gpuguard-report
+        --recommend wrote from an earlier run), pieces of at most its
+        batch_size when the script's batch is larger."""
+        try:
+            pol = self._native.policy(_device())
+        except Exception:
+            pol = None
+        if not pol or not pol["apply_batch"] or not 0 < pol["batch_size"] < self.micro_batch_size:
+            return self._split, None
+        return (max(self._split, _ceil_div(self._batch, pol["batch_size"])),
+                "policy %s: batch_size %d x grad_accum %d" % (
+                    pol["file"] or "(built-in)", pol["batch_size"], pol["grad_accum"]))
 
     def _split_for(self, advised, halve):
         """The split for pieces of at most `advised` samples (halving the
@@ -526,22 +562,31 @@ class Guard(object):
         ``model.no_sync()``; an OOM inside the last piece's synchronizing
         backward strands the other ranks in DDP's all-reduce).
 
-        Without the shim (and no active rank) it calls ``step`` once with the
-        whole batch and lets every exception through.
+        Without the shim it still halves on an out-of-memory error, as
+        Accelerate's find_executable_batch_size does, and says once that it
+        runs without the shim's foresight (no forecast, no headroom: only
+        the real OOM).
+
+        ``step`` may call ``guard.backward(loss)``: the loss scaled by the
+        running micro-batch's weight, then its backward.
         """
         pieces = self.microbatches(batch)
         while True:
             need = fatal = None
             try:
                 for mb in pieces:
+                    self._running = mb
                     step(mb)
             except Exception as e:
-                if not (self.active and _is_oom(e)):
+                if not _is_oom(e):
                     raise
+                self._say_bare()
                 self.ooms += 1
                 need = self._split_after_oom(batch, len(pieces))
                 if need is None:
                     fatal = e  # raised once the other ranks know
+            finally:
+                self._running = None
             # The failed attempt's frames (and their tensors) are gone here.
             local = [need or 0, 1 if fatal is not None else 0,
                      self._rank() + 1 if fatal is not None else 0]
@@ -558,6 +603,31 @@ class Guard(object):
             self._set_split(need, "out of memory" if need == local[0]
                             else "another rank ran out of memory")
             pieces = self._pieces(batch, self._split)
+
+    def _say_bare(self):
+        if not self.active and not self._said_bare:
+            self._said_bare = True
+            log.warning("gpuguard: out of memory without the shim (libgpuguard.so is not "
+                        "preloaded): halving the micro-batch on the real OOM only, with no "
+                        "forecast and no headroom")
+
+    def backward(self, loss, mb=None, **kwargs):
+        """``loss.backward(**kwargs)`` of one micro-batch, the loss scaled by
+        the micro-batch's weight (``mb``'s, or that of the one run() is
+        running), so that the pieces' gradients add up to the whole batch's
+        mean loss, as Accelerate's ``backward`` divides by the accumulation.
+        The manual form, ``(loss * mb.weight).backward()``, stays valid."""
+        mb = mb if mb is not None else self._running
+        weight = mb.weight if mb is not None else 1.0
+        return (loss * weight if weight != 1.0 else loss).backward(**kwargs)
+
+    def finish(self):
+        """The run's last batch ended: its step is told to the shim, which
+        otherwise hears of a step only at the next batch's boundary. Called
+        by close() and at exit; idempotent."""
+        with self._lock:
+            if self._batches > self._steps:
+                self.step()
 
     def _split_after_oom(self, batch, pieces):
         """The split to retry with after an OOM (a pending advice is acked:
@@ -675,6 +745,7 @@ class Guard(object):
         ranks' agreement, so no other rank waits for it)."""
         if self._closed:
             return
+        self.finish()
         self._closed = True
         if not self._installed:
             return

@@ -1,7 +1,8 @@
 """The C API of libgpuguard.so, seen through ctypes.
 
 The shim exports five functions (include/gpuguard.h) that every version has
-(FUNCTIONS) and, in newer versions, more (OPTIONAL: ``gpuguard_step``). When
+(FUNCTIONS) and, in newer versions, more (OPTIONAL: ``gpuguard_step``,
+``gpuguard_policy``). When
 it is preloaded they are in the process's global scope and
 ``ctypes.CDLL(None)`` finds them; when it is not, the lookup fails and the
 helper stays inert. A shim without an optional function is still the shim:
@@ -19,7 +20,7 @@ ctypes pointers). ``set_library(None)`` makes the shim look absent;
 import ctypes
 
 __all__ = [
-    "GpuguardStats", "GpuguardAdvice", "Native", "FUNCTIONS",
+    "GpuguardStats", "GpuguardAdvice", "GpuguardPolicy", "Native", "FUNCTIONS",
     "OPTIONAL", "load", "set_library", "reset_library",
 ]
 
@@ -27,7 +28,7 @@ FUNCTIONS = ("gpuguard_stats", "gpuguard_advice", "gpuguard_ack",
              "gpuguard_set_batch", "gpuguard_note")
 
 #: Functions of newer shims; an older shim without them is still the shim.
-OPTIONAL = ("gpuguard_step",)
+OPTIONAL = ("gpuguard_step", "gpuguard_policy")
 
 
 class GpuguardStats(ctypes.Structure):
@@ -60,6 +61,17 @@ class GpuguardAdvice(ctypes.Structure):
     ]
 
 
+class GpuguardPolicy(ctypes.Structure):
+    """struct gpuguard_policy, field for field."""
+    _fields_ = [
+        ("batch_size", ctypes.c_int),
+        ("grad_accum", ctypes.c_int),
+        ("min_batch_size", ctypes.c_int),
+        ("apply_batch", ctypes.c_int),
+        ("file", ctypes.c_char * 4096),
+    ]
+
+
 # (restype, argtypes) of each function, as in gpuguard.h.
 _SIGNATURES = {
     "gpuguard_stats": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(GpuguardStats)]),
@@ -68,6 +80,7 @@ _SIGNATURES = {
     "gpuguard_set_batch": (None, [ctypes.c_int, ctypes.c_int]),
     "gpuguard_note": (None, [ctypes.c_char_p]),
     "gpuguard_step": (None, [ctypes.c_ulonglong]),
+    "gpuguard_policy": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(GpuguardPolicy)]),
 }
 
 STATS_FIELDS = tuple(name for name, _ in GpuguardStats._fields_)
@@ -149,6 +162,20 @@ class Native(object):
             return False
         fn(max(0, int(step)) & 0xFFFFFFFFFFFFFFFF)
         return True
+
+    def policy(self, dev=0):
+        """Device dev's policy's [trainer] keys and file as a dict, or None
+        (not active yet, or a shim without gpuguard_policy)."""
+        fn = self._fn.get("gpuguard_policy")
+        if fn is None:
+            return None
+        out = GpuguardPolicy()
+        if fn(_clamp_int(dev), ctypes.pointer(out)) != 0:
+            return None
+        return {"batch_size": int(out.batch_size), "grad_accum": int(out.grad_accum),
+                "min_batch_size": int(out.min_batch_size),
+                "apply_batch": bool(out.apply_batch),
+                "file": out.file.decode("utf-8", "replace")}
 
 
 _UNSET = object()

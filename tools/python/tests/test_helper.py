@@ -40,6 +40,7 @@ class FakeShim(object):
     ACK = ctypes.CFUNCTYPE(None, ctypes.c_uint)
     SET_BATCH = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int)
     NOTE = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+    POLICY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(_native.GpuguardPolicy))
 
     def __init__(self, min_batch_size=1):
         self.min_batch_size = min_batch_size
@@ -55,6 +56,9 @@ class FakeShim(object):
         self.gpuguard_ack = self.ACK(self._ack)
         self.gpuguard_set_batch = self.SET_BATCH(self._set_batch)
         self.gpuguard_note = self.NOTE(self._note)
+        #: device 0's policy: (batch_size, grad_accum, min_batch_size, apply_batch, file)
+        self.policy = (4, 4, 1, 0, "/usr/share/gpuguard/policy/rtx-3090.ini")
+        self.gpuguard_policy = self.POLICY(self._policy)
 
     # what the shim does on a near miss (docs/trainer.md, "Advice protocol")
     def advise(self, reason="near_miss", batch=None, accum=None):
@@ -108,6 +112,14 @@ class FakeShim(object):
 
     def _note(self, text):
         self.notes.append(text.decode())
+
+    def _policy(self, dev, out):
+        if dev != 0:
+            return -1
+        p = out.contents
+        p.batch_size, p.grad_accum, p.min_batch_size, p.apply_batch, f = self.policy
+        p.file = f.encode()
+        return 0
 
 
 def wait_for(cond, timeout=2.0):
@@ -219,7 +231,8 @@ class StructTest(unittest.TestCase):
         self.assertTrue(newer.has("gpuguard_step"))
         self.assertTrue(newer.step(3))
         self.assertEqual(calls, [3])
-        self.assertEqual(_native.OPTIONAL, ("gpuguard_step",))
+        self.assertEqual(_native.OPTIONAL, ("gpuguard_step", "gpuguard_policy"))
+        self.assertIsNone(older.policy(0))                 # a shim before gpuguard_policy
         _native.set_library(types.SimpleNamespace(**base))
         try:
             self.assertIsNotNone(_native.load())               # still the shim
@@ -683,6 +696,72 @@ class RunTest(Base):
             g4.run(7, step, zero)
 
 
+class FirstContactTest(Base):
+    """What the helper's users expect of it: the next run starts where
+    gpuguard-report --recommend said, the micro-batch's weight is applied
+    for them, and the run's last step is told."""
+
+    def test_a_recommended_policy_is_the_starting_split(self):
+        self.fake.policy = (11, 3, 1, 1, "/runs/next/nvidia-geforce-rtx-3090.ini")
+        g = self.guard(32)
+        with self.assertLogs("gpuguard", logging.WARNING) as logs:
+            pieces = g.microbatches(FakeArray(range(32)))
+        self.assertEqual([len(p) for p in pieces], [11, 11, 10])     # at most 11 each
+        self.assertEqual(self.fake.set_calls[-1], (11, 3))
+        self.assertEqual(len(logs.output), 1)
+        self.assertIn("from batch 1 on, each batch of 32 is split into 3 micro-batches of at "
+                      "most 11 (policy /runs/next/nvidia-geforce-rtx-3090.ini: batch_size 11 x "
+                      "grad_accum 3)", logs.output[0])
+
+    def test_a_shipped_policy_batch_is_not_applied(self):
+        # rtx-3090.ini says batch 4 x 4 for trainers that never say theirs;
+        # without apply_batch the script's own batch stands
+        g = self.guard(32)
+        self.assertEqual([len(p) for p in g.microbatches(FakeArray(range(32)))], [32])
+        self.fake.policy = (64, 1, 1, 1, "/p.ini")                   # larger: nothing to do
+        g2 = self.guard(32)
+        self.assertEqual(len(g2.microbatches(FakeArray(range(32)))), 1)
+
+    def test_backward_applies_the_running_pieces_weight(self):
+        g = self.guard(32)
+        g.microbatches(FakeArray(range(32)))             # batch 1: one piece
+        self.fake.advise(batch=8, accum=4)
+        seen = []
+
+        class Loss(object):
+            def __init__(self, v):
+                self.v = v
+
+            def __mul__(self, w):
+                return Loss(self.v * w)
+
+            def backward(self, **kw):
+                seen.append((self.v, kw))
+
+        with self.assertLogs("gpuguard", logging.WARNING):
+            g.run(FakeArray(range(32)), lambda mb: g.backward(Loss(2.0), retain_graph=True),
+                  lambda: None)
+        self.assertEqual(seen, [(0.5, {"retain_graph": True})] * 4)  # 2.0 x 8/32
+        mb = g.microbatches(FakeArray(range(8)))[0]     # 4 pieces of 2
+        g.backward(Loss(3.0), mb)                        # the manual loop passes its piece
+        self.assertEqual(seen[-1], (0.75, {}))
+        g.backward(Loss(5.0))                            # outside run(): as is
+        self.assertEqual(seen[-1], (5.0, {}))
+
+    def test_the_last_batch_is_a_step_too(self):
+        shim = StepShim()
+        _native.set_library(shim)
+        g = self.guard(32)
+        for _ in range(3):
+            g.run(FakeArray(range(32)), lambda mb: None, lambda: None)
+        self.assertEqual(shim.steps, [1, 2])             # each at the next boundary
+        g.finish()                                       # close() and exit call it
+        self.assertEqual(shim.steps, [1, 2, 3])
+        g.close()
+        g.finish()
+        self.assertEqual(shim.steps, [1, 2, 3])          # once
+
+
 class InertLoopTest(Base):
     def test_no_shim_changes_nothing(self):
         _native.set_library(None)
@@ -693,15 +772,39 @@ class InertLoopTest(Base):
             (mb,) = g.microbatches(batch)
             calls = []
             g.run(batch, calls.append, lambda: calls.append("zero"))
-            with self.assertRaises(OOM):                   # no OOM handling either
-                g.run(batch, lambda mb: (_ for _ in ()).throw(OOM("CUDA out of memory")),
-                      lambda: None)
         self.assertEqual(len(caught), 1)
         self.assertIs(mb.data, batch)
         self.assertEqual(mb.weight, 1.0)
         self.assertEqual(len(calls), 1)
         self.assertIs(calls[0].data, batch)
         self.assertEqual((g.split, g.history, g.ooms), (1, [], 0))
+
+    def test_no_shim_still_halves_on_a_real_oom(self):
+        # As Accelerate's find_executable_batch_size: the real OOM halves the
+        # piece and the batch runs again; said once, that there is no shim.
+        _native.set_library(None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            g = gpuguard.Guard(32)
+        sizes, zeroed = [], []
+
+        def step(mb):
+            sizes.append(len(mb))
+            if len(mb) > 8:
+                raise OOM("CUDA out of memory. Tried to allocate 2.00 GiB")
+        with self.assertLogs("gpuguard", "WARNING") as logs:
+            g.run(FakeArray(range(32)), step, lambda: zeroed.append(1))
+            g.run(FakeArray(range(32)), step, lambda: zeroed.append(1))
+        self.assertEqual(sizes, [32, 16, 8, 8, 8, 8, 8, 8, 8, 8])
+        self.assertEqual((g.split, g.ooms, len(zeroed)), (4, 2, 2))
+        bare = [m for m in logs.output if "without the shim" in m]
+        self.assertEqual(len(bare), 1, logs.output)
+        # at the smallest piece the error goes through
+        with self.assertLogs("gpuguard", "WARNING"):
+            with self.assertRaises(OOM):
+                g.run(FakeArray(range(32)), lambda mb: (_ for _ in ()).throw(OOM("CUDA out of memory")),
+                      lambda: None)
+        self.assertEqual(g.split, 32)
 
 
 class FakeTensor(object):

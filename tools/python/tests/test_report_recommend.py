@@ -249,7 +249,8 @@ class Recommend(Base):
         cp = self.policy(policy_path)
         self.assertEqual(cp["gpu"]["match"], RTX)
         self.assertEqual(dict(cp["memory"]), {"headroom": "2 GiB", "near_miss": "5%", "mode": "auto"})
-        self.assertEqual(dict(cp["trainer"]), {"batch_size": "11", "grad_accum": "3"})
+        self.assertEqual(dict(cp["trainer"]), {"batch_size": "11", "grad_accum": "3",
+                                               "apply_batch": "yes"})
         lint = self.lint(out_dir)
         self.assertEqual(lint.returncode, 0, lint.stdout)
         self.assertEqual(lint.stdout.strip(), "1 file ok")

@@ -53,7 +53,9 @@ def policy_text(r, sources):
         lines.append("near_miss = %s" % ini_size(r.near, r.total))
     if r.mode in ("auto", "enforce", "observe", "off"):
         lines.append("mode = %s" % r.mode)
-    lines += ["", "[trainer]", "batch_size = %d" % r.batch, "grad_accum = %d" % r.accum, ""]
+    lines += ["", "[trainer]", "batch_size = %d" % r.batch, "grad_accum = %d" % r.accum,
+              "; the Python helper starts from this batch when the script's is larger",
+              "apply_batch = yes", ""]
     return "\n".join(lines)
 
 
