@@ -395,6 +395,13 @@ class VerdictTest(ReportTestBase):
         page = os.path.join(self.tmp, "r.html")
         trace = os.path.join(self.tmp, "r.json")
         rc, out, err = self.main("--html", page, "--trace", trace, *paths)
+        # what was written is said, on stderr (stdout is the report)
+        self.assertRegex(err, r"gpuguard-report: wrote %s: the HTML report \(one self-contained "
+                              r"page: open it in a browser\), [\d.]+ KiB\n" % re.escape(page))
+        self.assertRegex(err, r"gpuguard-report: wrote %s: the trace \(open it in "
+                              r"https://ui\.perfetto\.dev or chrome://tracing\), [\d.]+ KiB\n"
+                              % re.escape(trace))
+        self.assertNotIn("wrote", out)
         with open(page) as f:
             page = f.read()
         self.assertEqual(page.count('<svg xmlns="http://www.w3.org/2000/svg" class="timeline"'), 4)

@@ -7,6 +7,7 @@ batch, so the recommendation's error is measured against the truth."""
 import configparser
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -200,6 +201,23 @@ class GrowingRun(Base):
         self.assertRegex(lines[i + 3], r"^    covers: steps 1-28, this run's; batch \d+ reaches "
                                        r".* at step \d+ \(.* a step\); batch 16 was advised off "
                                        r"at step 19$")
+
+    def test_the_trend_is_per_batch_phase(self):
+        # one line per phase, each with its own slope (40 MiB per sample per
+        # step: 1.25 GiB, 640 MiB, 320 MiB a step), not one line across them
+        path = growing_trainer(self.PHASES, 28).write(self.tmp)
+        page = os.path.join(self.tmp, "r.html")
+        out = self.report(path, "--html", page)
+        self.assertRegex(out, r"trend +over steps \d+ \.\. 28, at batch 8 x accum 4 \(least "
+                              r"squares\): peak \+320 MiB/step")
+        with open(page) as f:
+            titles = re.findall(r'class="trend-peak"><title>([^<]*)</title>', f.read())
+        self.assertEqual(len(titles), 3, titles)
+        self.assertIn("peak trend over steps 1 .. 8, batch 32 x accum 1: +1.2 GiB per step",
+                      titles)
+        self.assertIn("peak trend over steps 9 .. 19, batch 16 x accum 2: +640 MiB per step",
+                      titles)
+        self.assertTrue(titles[2].endswith("batch 8 x accum 4: +320 MiB per step"), titles)
 
     def test_a_flat_run_keeps_the_batch_fit(self):
         # steps that do not grow within a batch: the batch alone explains the peak

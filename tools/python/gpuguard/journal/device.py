@@ -104,15 +104,43 @@ class Device(object):
         return ds / dt
 
     def trends(self):
-        """Least-squares lines over the recent steps: {"peak": (a, b),
-        "live": (a, b)} for y = a + b * step, those that fit."""
-        out = {}
-        for idx, name in ((1, "peak"), (2, "live")):
-            pts = [(r[0], r[idx]) for r in self.recent if r[idx] is not None]
-            fit = fit_line(pts)
-            if fit is not None:
-                out[name] = fit
+        """Least-squares lines over the recent steps of the batch running
+        last (steps of another batch say nothing of its trend): {"peak":
+        (a, b), "live": (a, b)} for y = a + b * step, those that fit, and
+        "steps": (first, last) of the steps they fit."""
+        since = self.phases.path()[-1]["t"] if self.phases.path() else None
+        recent = [r for r in self.recent if since is None or r[3] >= since]
+        out = _fits(recent)
+        if out:
+            out["steps"] = (recent[0][0], recent[-1][0])
         return out
+
+    def phase_trends(self):
+        """One trend per batch phase, over its journaled steps: [{"steps":
+        (first, last), "batch": b, "accum": a, "peak": (a, b), "live": (a, b)}]
+        in step order (phases with fewer than two steps have none)."""
+        path = self.phases.path()
+        bounds = [(c["t"], c["batch"], c["accum"]) for c in path] or [(None, None, None)]
+        out = []
+        pts = self.step_series.points()
+        for i, (t0, b, a) in enumerate(bounds):
+            t1 = bounds[i + 1][0] if i + 1 < len(bounds) else None
+            mine = [p for p in pts if (t0 is None or p[3] >= t0) and (t1 is None or p[3] < t1)]
+            fit = _fits(mine)
+            if fit:
+                fit.update(steps=(mine[0][0], mine[-1][0]), batch=b, accum=a)
+                out.append(fit)
+        return out
+
+
+def _fits(rows):
+    """{"peak": (a, b), "live": (a, b)} of (step, peak, live, t) rows."""
+    out = {}
+    for idx, name in ((1, "peak"), (2, "live")):
+        fit = fit_line([(r[0], r[idx]) for r in rows if r[idx] is not None])
+        if fit is not None:
+            out[name] = fit
+    return out
 
 
 def figures(j, d):

@@ -5,10 +5,12 @@ the tools/bin/gpuguard-report script runs.
 
 import argparse
 import json
+import os
 import sys
 
 from .. import __version__ as VERSION
 from ..journal.reader import read_journals
+from .formatting import fmt_size
 from .html_page import html_report
 from .perfetto import trace_report
 from .policy import write_file, write_policies
@@ -69,14 +71,26 @@ def main(argv=None):
     try:
         if opts.html:
             write_file(opts.html, html_report(journals, failed, opts))
+            wrote(opts.html, "the HTML report (one self-contained page: open it in a browser)")
         if opts.trace:
             with open(opts.trace, "w", encoding="utf-8") as f:
                 json.dump(trace_report(journals), f, indent=None, separators=(",", ":"))
                 f.write("\n")
+            wrote(opts.trace, "the trace (open it in https://ui.perfetto.dev or "
+                              "chrome://tracing)")
     except OSError as e:
         sys.stderr.write("gpuguard-report: %s: %s\n" % (e.filename, e.strerror))
         return 1
     return 1 if failed or not journals else 0
+
+
+def wrote(path, what):
+    """Say on stderr (stdout is the report) what a file now holds."""
+    try:
+        size = fmt_size(os.path.getsize(path))
+    except OSError:
+        size = "?"
+    sys.stderr.write("gpuguard-report: wrote %s: %s, %s\n" % (path, what, size))
 
 
 def console(argv=None):

@@ -152,8 +152,10 @@ def device_rows(j, d, opts):
             "; %s steps/s" % ("%.3g" % rate) if rate else "", fmt_bytes(d.step_peak))]))
         tr = d.trends()
         if tr:
-            rows.append(("trend", ["over steps %s .. %s (least squares): %s" % (
-                fmt_count(d.recent[0][0]), fmt_count(d.recent[-1][0]), ", ".join(
+            b = d.phases.path()[-1] if d.phases.path() else None
+            rows.append(("trend", ["over steps %s .. %s%s (least squares): %s" % (
+                fmt_count(tr["steps"][0]), fmt_count(tr["steps"][1]),
+                ", at batch %s x accum %s" % (b["batch"], b["accum"]) if b else "", ", ".join(
                     "%s %s%s/step" % (name, "+" if tr[name][1] >= 0 else "-",
                                       fmt_size(abs(tr[name][1])))
                     for name in ("peak", "live") if name in tr))]))

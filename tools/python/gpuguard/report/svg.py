@@ -269,21 +269,32 @@ def svg_steps(j, d, width=960, height=300):
         path = "M%.1f,%.1f" % (x(seq[0][0]), y(seq[0][1])) + "".join(
             "L%.1f,%.1f" % (x(s0), y(s1)) for s0, s1 in seq[1:])
         a('<path d="%s" class="line-%s"><title>%s</title></path>' % (path, cls, what))
-    for name in ("peak", "live"):
-        if name not in trends:
-            continue
-        c, slope = trends[name]
-        x0 = d.recent[0][0]
-        x1 = ahead
-        y0, y1 = c + slope * x0, c + slope * x1
-        if slope > 0 and y1 > ymax:         # stop where it leaves the plot
-            x1 = (ymax - c) / slope
-            y1 = ymax
-        a('<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" class="trend-%s"><title>%s</title></line>' % (
-            x(x0), x(max(x1, x0)), y(y0), y(y1), name, esc(
-                "%s trend over steps %s .. %s: %s%s per step" % (
-                    name, fmt_count(d.recent[0][0]), fmt_count(d.recent[-1][0]),
-                    "+" if slope >= 0 else "-", fmt_size(abs(slope))))))
+    # A trend per batch phase over its own steps; the last phase's over its
+    # recent steps (the report's "trend" row), carried ahead.
+    phases = d.phase_trends()
+    if trends:
+        last_phase = dict(phases[-1]) if phases else {"batch": None, "accum": None}
+        last_phase.update(trends)
+        phases[-1:] = [last_phase]
+    for i, phase in enumerate(phases):
+        for name in ("peak", "live"):
+            if name not in phase:
+                continue
+            c, slope = phase[name]
+            x0, x1 = phase["steps"]
+            if i == len(phases) - 1:
+                x1 = max(x1, ahead)
+            y0, y1 = c + slope * x0, c + slope * x1
+            if slope > 0 and y1 > ymax:         # stop where it leaves the plot
+                x1 = (ymax - c) / slope
+                y1 = ymax
+            a('<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" class="trend-%s"><title>%s</title>'
+              '</line>' % (x(x0), x(max(x1, x0)), y(y0), y(y1), name, esc(
+                  "%s trend over steps %s .. %s%s: %s%s per step" % (
+                      name, fmt_count(phase["steps"][0]), fmt_count(phase["steps"][1]),
+                      "" if phase["batch"] is None else ", batch %s x accum %s" % (
+                          phase["batch"], phase["accum"]),
+                      "+" if slope >= 0 else "-", fmt_size(abs(slope))))))
     for val, cls, label in ((d.total, "total", "total"), (d.limit, "limit", "limit"),
                             (d.near_line, "near", "near-miss line")):
         if val is None:
