@@ -43,6 +43,7 @@ CALL_DEPTH = 40          # frames the harness puts above each call (> depth)
 PY_DEPTH = 50            # Python frames above each call of the Python figure
 THREADS = (1, 2, 4, 8, 16)
 STEP_SITES = 1000        # live sites while gpuguard_step is timed
+METRICS = "off+metrics"  # stacks=off, the metrics file rewritten every second (docs/metrics.md)
 
 # The targets (docs/costs.md).
 T_ADDED_NS = 40.0
@@ -87,6 +88,8 @@ class Bench:
             self.policies[stacks] = path
         self.journals = os.path.join(tmp, "journal")
         os.makedirs(self.journals)
+        self.metrics = os.path.join(tmp, "metrics")
+        os.makedirs(self.metrics)
         base = {k: v for k, v in os.environ.items()
                 if not k.startswith(("GPUGUARD_", "FAKECUDA_")) and k not in ("LD_PRELOAD", "RANK")}
         base["FAKECUDA_DEVICES"] = DEVICE
@@ -95,8 +98,12 @@ class Bench:
         self.base = base
 
     def env(self, stacks):
-        """stacks None: no shim; else the shim with that policy."""
+        """stacks None: no shim; else the shim with that policy; METRICS:
+        stacks off, and the metrics file written every second."""
         env = dict(self.base)
+        if stacks == METRICS:
+            stacks = "off"
+            env.update(GPUGUARD_METRICS_DIR=self.metrics, GPUGUARD_METRICS_INTERVAL="1")
         env["GPUGUARD_POLICY"] = self.policies[stacks or "off"]
         if stacks:
             env["LD_PRELOAD"] = SHIM
@@ -143,6 +150,20 @@ def pairs(b, configs, threads, n, inner, rounds):
             runs[c] += [ns / r["pairs"] for ns in r["ns"]]
     return {c: {"best": min(v), "median": statistics.median(v), "all": v}
             for c, v in runs.items()}
+
+
+def metrics_pairs(b, n, inner, rounds):
+    """Best ns per pair, stacks off, without and with the metrics file: each
+    run lasts long enough for the shim's thread to write it during the timed
+    loop (its first write comes at the first tick, then every second)."""
+    runs, seconds = {"off": [], METRICS: []}, []
+    for _ in range(rounds):
+        for c in runs:
+            (r,) = b.run(["pairs", n, 1, CALL_DEPTH, inner, PAIR_SIZE], c)
+            runs[c] += [ns / r["pairs"] for ns in r["ns"]]
+            if c == METRICS:
+                seconds.append(sum(r["ns"]) / 1e9)
+    return {c: min(v) for c, v in runs.items()}, statistics.median(seconds), os.listdir(b.metrics)
 
 
 def live(b, configs, n, rounds):
@@ -258,6 +279,7 @@ def main():
     l_n, l_rounds = (200000, 1) if q else (1000000, 3)
     py_n, py_reps, py_rounds = (20000, 2, 1) if q else (50000, 3, 3)
     st_steps = 500 if q else 3000
+    m_n, m_inner, m_rounds = (2000000, 5, 2) if q else (3000000, 5, 5)  # runs of 1-2 s
     soak_s = 10 if q else 60
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -275,6 +297,9 @@ def main():
         say(f"1 thread, {p_rounds} rounds x {p_inner} x {p_n} pairs: no shim, stacks off, "
             f"near_miss, all")
         single = pairs(b, (None, "off", "near_miss", "all"), 1, p_n, p_inner, p_rounds)
+        say(f"metrics: {m_rounds} rounds x {m_inner} x {m_n} pairs, stacks off, without and with "
+            f"the metrics file every second")
+        met, met_seconds, met_left = metrics_pairs(b, m_n, m_inner, m_rounds)
         say(f"threads {', '.join(map(str, THREADS))}: {t_rounds} rounds x {t_inner} x {t_n} pairs")
         scaling = {}
         for _ in range(t_rounds):
@@ -325,6 +350,12 @@ def main():
                                     "added <= 3 us")):
         figure(f"pair, 1 thread, {label}", base, single[c]["best"], "ns", target, text,
                note="" if c != "near_miss" else "the shipped policies' setting; target as for off")
+
+    figure("pair, 1 thread, stacks=off, metrics every 1 s", met["off"], met[METRICS], "ns",
+           0.05 * met["off"], "ratio <= 1.05",
+           note=f"each run {met_seconds:.1f} s of pairs: the shim's thread wrote the file "
+                f"about {int(met_seconds + 0.5)}x during it (at 0.5 s, then every 1 s), off the "
+                f"allocation path; files left by clean exits: {len(met_left)}")
 
     best = {k: min(v) for k, v in scaling.items()}
     thr = {}
@@ -453,7 +484,8 @@ def main():
                    "stack_depth": STACK_DEPTH, "call_depth": CALL_DEPTH,
                    "pairs": {"n": p_n, "inner": p_inner, "rounds": p_rounds},
                    "threads": {"n": t_n, "inner": t_inner, "rounds": t_rounds},
-                   "startup_runs": s_runs, "live_allocs": l_n, "quick": q},
+                   "startup_runs": s_runs, "live_allocs": l_n, "quick": q,
+                   "metrics_pairs": {"n": m_n, "inner": m_inner, "rounds": m_rounds}},
         "figures": figures,
         "single_thread_ns_per_pair": {str(k or "none"): v for k, v in single.items()},
         "threads": {str(t): v for t, v in thr.items()},
@@ -462,6 +494,8 @@ def main():
         "ledger": {str(k or "none"): v for k, v in mem.items()},
         "python_ns_per_pair": py, "python_version": py_version,
         "steps_ns": stp,
+        "metrics_ns_per_pair": {"off": met["off"], "off_with_metrics": met[METRICS],
+                                "run_seconds": met_seconds},
         "soak": sk,
         "seconds": elapsed,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

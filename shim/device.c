@@ -122,6 +122,7 @@ int gg_devices_init(const struct gg_process *proc, gg_report_fn report, void *ct
         names[i] = d->name;
         d->cc_major = g.cc_major;
         d->cc_minor = g.cc_minor;
+        memcpy(d->uuid, g.uuid, sizeof d->uuid);
         d->total = g.total;
         if (r != 0) {
             d->total = 0;

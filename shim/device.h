@@ -40,6 +40,7 @@ struct gg_device {
     uint64_t sample_step;      /* total / 100: how far `current` moves between timeline points */
     int cc_major, cc_minor;
     char name[256];
+    char uuid[48];             /* as DCGM labels it (driver.h), or "" */
 
     /* This process's bytes on the device: every allocation and free, and
      * what its stream-ordered pools hold (pools.h) in place of the bytes they
@@ -79,6 +80,13 @@ static inline struct gg_device *gg_device(int dev)
     if ((unsigned)dev >= (unsigned)gg_device_count || !gg_devices[dev].present)
         return NULL;
     return &gg_devices[dev];
+}
+
+/* Has this process used device dev (allocated on it, or been refused or
+ * out of memory there)? Only such devices are summarized and exported. */
+static inline bool gg_device_in_use(const struct gg_device *d, int dev)
+{
+    return gg_ledger_allocs(dev) || atomic_load(&d->ooms) || atomic_load(&d->refusals);
 }
 
 /* The policy a device runs under. */

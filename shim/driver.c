@@ -30,6 +30,7 @@ static struct {
     CUresult (*device_get_mem_pool)(CUmemoryPool *, CUdevice);
     CUresult (*device_get_default_mem_pool)(CUmemoryPool *, CUdevice);
     CUresult (*stream_get_device)(CUstream, CUdevice *); /* CUDA 12.8 and later */
+    CUresult (*device_get_uuid)(CUuuid *, CUdevice);
 } drv;
 
 static int find_range(struct dl_phdr_info *info, size_t size, void *ctx)
@@ -76,6 +77,11 @@ static void take_functions(void *h)
     SYM(device_get_mem_pool, "cuDeviceGetMemPool");
     SYM(device_get_default_mem_pool, "cuDeviceGetDefaultMemPool");
     SYM(stream_get_device, "cuStreamGetDevice");
+    /* The first entry point where there is one: its _v2 (CUDA 11.4) names
+     * a MIG instance rather than its GPU (cuda.h); on a whole GPU both say
+     * the same 16 bytes. */
+    if (!SYM(device_get_uuid, "cuDeviceGetUuid"))
+        SYM(device_get_uuid, "cuDeviceGetUuid_v2");
 }
 
 int gg_driver_open(bool load, char *why, size_t cap)
@@ -168,6 +174,14 @@ int gg_driver_gpu(int index, struct gg_gpu *g, const char **call)
          drv.device_get_attribute(&g->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
                                   dev) != CUDA_SUCCESS))
         g->cc_major = g->cc_minor = -1;
+    CUuuid u;
+    if (drv.device_get_uuid && drv.device_get_uuid(&u, dev) == CUDA_SUCCESS) {
+        const unsigned char *b = (const unsigned char *)u.bytes;
+        snprintf(g->uuid, sizeof g->uuid,
+                 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                 b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                 b[14], b[15]);
+    }
     return 0;
 }
 

@@ -34,6 +34,8 @@ struct gg_gpu {
     char name[256];
     uint64_t total;
     int cc_major, cc_minor;  /* -1 when unknown */
+    char uuid[48];           /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" as NVML and DCGM
+                                write it (cuDeviceGetUuid); "" when the driver cannot say */
 };
 /* 0, or the CUresult of the query that failed (its name in *call): a GPU
  * whose total memory is unknown cannot be guarded. */

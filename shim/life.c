@@ -20,6 +20,7 @@
 #include "journal.h"
 #include "ledger.h"
 #include "maps.h"
+#include "metrics.h"
 #include "react.h"
 #include "settings.h"
 #include "sites.h"
@@ -158,6 +159,7 @@ static void child_after_fork(void)
     gg_guard_after_fork();
     gg_symbolize_after_fork();
     gg_ticker_after_fork();
+    gg_metrics_after_fork(); /* the parent's file is the parent's */
     gg_trace_after_fork();
     gg_journal_drop();
 }
@@ -215,6 +217,7 @@ static bool start(void)
     gethostname(host, sizeof host - 1);
     bool open = gg_journal_open(gg_device_policy(0)->s.journal_dir, comm, proc.rank);
     gg_events_start(comm, host, proc.rank);
+    gg_metrics_start(&proc, comm, host); /* docs/metrics.md */
     if (proc.trace[0]) { /* GPUGUARD_TRACE: every call, for golden traces (trace.h) */
         gg_trace_open(proc.trace);
         for (int i = 0; i < n; i++)
@@ -224,7 +227,7 @@ static bool start(void)
     }
     gg_react_python();
     gg_journal_release(open);
-    if (open)
+    if (open || gg_metrics_on())
         (void)gg_ticker_start(); /* else the timeline is written inline, as rarely */
     gg_arch_start(); /* the loaded modules' device code against the GPUs */
     atexit(at_exit);
@@ -285,7 +288,7 @@ void gg_life_registered(void)
 
 static bool device_used(const struct gg_device *d, int dev)
 {
-    return gg_ledger_allocs(dev) || atomic_load(&d->ooms) || atomic_load(&d->refusals);
+    return gg_device_in_use(d, dev);
 }
 
 static void batch_events(struct gg_batch now, struct gg_batch was, bool final)
@@ -374,6 +377,7 @@ void gg_life_finish(void)
     if (inside)
         gg_journal_final();
     gg_ticker_stop(); /* and the last tick: the timeline to now, what was left out */
+    gg_metrics_exit(); /* a clean exit: Prometheus stops seeing this process */
     gg_react_python();
     if (!inside && gg_advice_current(&batch, &accum)) /* the phase the process ended in */
         batch_events((struct gg_batch){batch, accum}, (struct gg_batch){batch, accum}, true);

@@ -130,6 +130,17 @@ static bool advice_line(const struct gg_advice *a, enum gg_reason why)
  * order whatever the threads do; the signal goes after the line. */
 static gg_spin advice_order = GG_SPIN_INIT;
 
+/* Every advice given, per device and cause, thinned lines or not (the
+ * metrics' counter). */
+static _Atomic uint64_t advised[GG_MAX_DEVICES][GG_REASON_FORECAST + 1];
+
+uint64_t gg_react_advised(int dev, int why)
+{
+    if ((unsigned)dev >= GG_MAX_DEVICES || (unsigned)why > GG_REASON_FORECAST)
+        return 0;
+    return atomic_load_explicit(&advised[dev][why], memory_order_relaxed);
+}
+
 static void advise(int dev, enum gg_reason why, const struct gg_step_verdict *fc)
 {
     const struct gg_policy *p = gg_device_policy(dev);
@@ -139,6 +150,8 @@ static void advise(int dev, enum gg_reason why, const struct gg_step_verdict *fc
     bool ordered = gg_spin_trylock(&advice_order, 1000000); /* else unordered, never stuck */
     bool raised = gg_advice_raise(dev, why, &tp, &a);
     bool signaled = raised && gg_advice_handled(tp.signal);
+    if (raised && (unsigned)dev < GG_MAX_DEVICES)
+        atomic_fetch_add_explicit(&advised[dev][why], 1, memory_order_relaxed);
     if (raised && advice_line(&a, why))
         gg_events_advice(&a, signaled, fc);
     if (ordered)

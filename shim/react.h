@@ -40,6 +40,10 @@ void gg_react_tick(bool report_suppressed);
 void gg_react_flush(void);
 void gg_react_ticking(bool on);
 
+/* Advice given for device dev for `why` (enum gg_reason: its cause; an
+ * advice at the minimum batch counts under its cause), since the start. */
+uint64_t gg_react_advised(int dev, int why);
+
 /* Devices (a bit each) switched to enforce by a trainer's registration. */
 void gg_react_registered(uint64_t switched);
 

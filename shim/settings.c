@@ -266,7 +266,8 @@ void gg_setting_format(enum gg_setting_id id, const struct gg_settings *s,
     }
     case GG_T_PATH:
     case GG_T_GLOBS:
-        snprintf(out, cap, "%s", (const char *)f);
+        snprintf(out, cap, "%s", *(const char *)f || i->type == GG_T_GLOBS ? (const char *)f
+                                                                             : "(not given)");
         break;
     case GG_T_RANK:
         if (*(const long *)f >= 0)

@@ -38,6 +38,8 @@ static struct steps {
     gg_site top;              /* its largest site as last reported */
     struct gg_site_usage base[SNAP_SITES]; /* the sites at the last reset */
     size_t nbase;
+    /* what gg_steps_now reads: written under the lock, read without it */
+    _Atomic uint64_t now_step, now_fc_step, now_fc_bytes, now_leak_rate, now_leak_projected;
 } st[GG_MAX_DEVICES];
 
 static double pairs[HIST * (HIST - 1) / 2]; /* under a device's lock: one boundary at a time */
@@ -260,6 +262,34 @@ static void leak(const struct gg_device *d, int dev, struct steps *s, uint64_t s
     out->projected_step = left <= 0 ? step : step + (uint64_t)ceil(left / slope);
 }
 
+/* What gg_steps_now says of a device, as of this boundary. */
+static void publish(struct steps *s, uint64_t step, const struct gg_step_verdict *out)
+{
+    atomic_store_explicit(&s->now_step, step, memory_order_relaxed);
+    if (out->forecast) {
+        atomic_store_explicit(&s->now_fc_step, out->fc_step, memory_order_relaxed);
+        atomic_store_explicit(&s->now_fc_bytes, out->fc_bytes, memory_order_relaxed);
+    }
+    if (out->leak)
+        atomic_store_explicit(&s->now_leak_projected, out->projected_step, memory_order_relaxed);
+    atomic_store_explicit(&s->now_leak_rate, s->leaking ? s->rate : 0, memory_order_relaxed);
+    if (!s->leaking)
+        atomic_store_explicit(&s->now_leak_projected, 0, memory_order_relaxed);
+}
+
+void gg_steps_now(int dev, struct gg_steps_now *out)
+{
+    memset(out, 0, sizeof *out);
+    if ((unsigned)dev >= GG_MAX_DEVICES)
+        return;
+    const struct steps *s = &st[dev];
+    out->step = atomic_load_explicit(&s->now_step, memory_order_relaxed);
+    out->fc_step = atomic_load_explicit(&s->now_fc_step, memory_order_relaxed);
+    out->fc_bytes = atomic_load_explicit(&s->now_fc_bytes, memory_order_relaxed);
+    out->leak_rate = atomic_load_explicit(&s->now_leak_rate, memory_order_relaxed);
+    out->leak_projected = atomic_load_explicit(&s->now_leak_projected, memory_order_relaxed);
+}
+
 void gg_steps_boundary(struct gg_device *d, int dev, uint64_t step, bool do_forecast,
                        struct gg_step_verdict *out)
 {
@@ -289,6 +319,7 @@ void gg_steps_boundary(struct gg_device *d, int dev, uint64_t step, bool do_fore
     if (do_forecast)
         forecast(d, s, step, out);
     leak(d, dev, s, step, out);
+    publish(s, step, out);
     gg_spin_unlock(&s->lock);
 }
 
@@ -301,6 +332,8 @@ void gg_steps_reset(int dev)
     st[dev].leaking = false;
     st[dev].agree = 0;
     st[dev].rate = 0;
+    atomic_store_explicit(&st[dev].now_leak_rate, 0, memory_order_relaxed);
+    atomic_store_explicit(&st[dev].now_leak_projected, 0, memory_order_relaxed);
     gg_spin_unlock(&st[dev].lock);
 }
 

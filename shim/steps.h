@@ -43,6 +43,17 @@ struct gg_step_verdict {
 void gg_steps_boundary(struct gg_device *d, int dev, uint64_t step, bool forecast,
                        struct gg_step_verdict *out);
 
+/* Where device dev's steps stand, for the metrics (metrics.h): read
+ * without a lock, from any thread; 0 where there is nothing to say. */
+struct gg_steps_now {
+    uint64_t step;            /* the last boundary's step */
+    uint64_t fc_step;         /* the step the latest forecast named */
+    uint64_t fc_bytes;        /* ... and its predicted device-wide peak */
+    uint64_t leak_rate;       /* the leak being reported: bytes per step; 0: none */
+    uint64_t leak_projected;  /* ... the step it reaches the limit at */
+};
+void gg_steps_now(int dev, struct gg_steps_now *out);
+
 /* The trainer changed its batch: the step peaks' trend starts again. */
 void gg_steps_reset(int dev);
 

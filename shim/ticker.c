@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <time.h>
 
+#include "metrics.h"
 #include "prim.h"
 #include "react.h"
 
@@ -34,6 +35,7 @@ static void *tick_loop(void *arg)
         if (report)
             report_at = now + REPORT_NS;
         gg_react_tick(report);
+        gg_metrics_tick(now); /* when its interval has passed */
         atomic_store(&busy, 0);
     }
     return NULL;

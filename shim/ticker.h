@@ -2,11 +2,13 @@
  *
  * Every GG_TICK_NS it runs the timeline's tick (react.h): the `sample`
  * lines since the last tick, and once a minute the lines the budgets left
- * out. So nothing of the timeline is written on an allocation's path, and
- * a slow disk stalls this thread, not the training. The thread blocks every
+ * out; and the metrics file when its interval has passed (metrics.h). So
+ * nothing of the timeline is written on an allocation's path, and a slow
+ * disk stalls this thread, not the training. The thread blocks every
  * signal (a process-directed signal never lands on it), is detached, and
- * is started only once the journal is open; when it cannot be started the
- * timeline is written inline, at the same bounded rate.
+ * is started only once the journal is open (or metrics are on); when it
+ * cannot be started the timeline is written inline, at the same bounded
+ * rate, and no metrics are.
  */
 #ifndef GG_TICKER_H
 #define GG_TICKER_H

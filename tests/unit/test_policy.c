@@ -620,7 +620,7 @@ static void test_exact_messages(void)
     CHECK_STR(rs.r[0].msg, "[journal] depth = '0': out of range (1..128)");
 
     load_text("m.ini", "[journal]\ndepht = 3\n", &p, &rs, path, sizeof path);
-    CHECK_STR(rs.r[0].msg, "unknown key 'depht' in [journal] (known: dir, stacks, python, depth)");
+    CHECK_STR(rs.r[0].msg, "unknown key 'depht' in [journal] (known: dir, stacks, python, depth, metrics_dir, metrics_interval)");
 
     load_text("m.ini", "[gpus]\n", &p, &rs, path, sizeof path);
     CHECK_STR(rs.r[0].msg,

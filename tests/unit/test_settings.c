@@ -36,6 +36,10 @@ static void test_every_default_parses(void)
     CHECK(s.signal == SIGUSR2);
     CHECK(s.batch_size == 0 && s.min_batch_size == 1 && s.depth == 32);
     CHECK(p.rank == -1 && !p.quiet && p.driver_hooks);
+    /* metrics (docs/metrics.md): off until a directory is given, every 15 s */
+    CHECK(!s.metrics_dir[0] && s.metrics_interval == 15 && p.local_rank == -1);
+    gg_setting_format(GG_SET_metrics_dir, &s, &p, text, sizeof text);
+    CHECK_STR(text, "(not given)");
     gg_setting_format(GG_SET_near_miss, &s, &p, text, sizeof text);
     CHECK_STR(text, "5%");
     gg_setting_format(GG_SET_batch_size, &s, &p, text, sizeof text);
@@ -91,6 +95,18 @@ static void test_environment(void)
     setenv("RANK", "7", 1);
     CHECK(gg_process_from_env(&p, collect, NULL) == 0 && p.rank == 7);
     unsetenv("RANK");
+    setenv("LOCAL_RANK", "one", 1);
+    CHECK(gg_process_from_env(&p, collect, NULL) == 1 && p.local_rank == -1);
+    CHECK_STR(last, "LOCAL_RANK:0: 'one': not a plain decimal number");
+    unsetenv("LOCAL_RANK");
+    setenv("GPUGUARD_METRICS_INTERVAL", "0", 1);
+    setenv("GPUGUARD_METRICS_DIR", "/var/lib/prometheus/node-exporter", 1);
+    CHECK(gg_settings_from_env(&s, from, collect, NULL) == 1);
+    CHECK_STR(last, "GPUGUARD_METRICS_INTERVAL:0: '0': out of range (1..86400)");
+    CHECK(s.metrics_interval == 15 && from[GG_SET_metrics_dir]);
+    CHECK_STR(s.metrics_dir, "/var/lib/prometheus/node-exporter");
+    unsetenv("GPUGUARD_METRICS_INTERVAL");
+    unsetenv("GPUGUARD_METRICS_DIR");
     unsetenv("GPUGUARD_QUIET");
 }
 
