@@ -44,10 +44,32 @@ static bool open_driver(gg_report_fn report, void *ctx)
 }
 
 /* Apply device i's policy; true when its problems leave it observing. */
-static bool apply_policy(int i, struct gg_device *d, gg_report_fn report, void *ctx, bool say_env)
+/* The environment's problems, passed on, with the first variable named
+ * and counted: a device demoted for them alone is said to be so. */
+struct env_sink {
+    gg_report_fn report;
+    void *ctx;
+    char first[64];
+    int vars;
+};
+
+static void env_problem(void *ctx, const char *file, int line, const char *msg)
+{
+    struct env_sink *e = ctx;
+    if (!e->vars++)
+        snprintf(e->first, sizeof e->first, "%s", file ? file : "");
+    if (e->report)
+        e->report(e->ctx, file, line, msg);
+}
+
+static bool apply_policy(int i, struct gg_device *d, struct env_sink *env, bool *env_only)
 {
     struct gg_policy *p = &policies[i];
-    int problems = gg_policy_apply_env(p, say_env ? report : NULL, ctx);
+    gg_report_fn report = env->report;
+    void *ctx = env->ctx;
+    bool file_broken = p->broken;
+    struct env_sink quiet = {NULL, NULL, "", 0};
+    int problems = gg_policy_apply_env(p, env_problem, i == 0 ? (void *)env : (void *)&quiet);
     d->mode = (uint8_t)p->s.mode;
     d->enforce = (uint8_t)p->s.enforce;
     d->stacks = (uint8_t)p->s.stacks;
@@ -71,6 +93,7 @@ static bool apply_policy(int i, struct gg_device *d, gg_report_fn report, void *
     }
     bool demoted = (problems || p->broken) &&
                    (d->mode == GG_MODE_ENFORCE || d->mode == GG_MODE_AUTO);
+    *env_only = !file_broken && p->broken && problems == (i == 0 ? env->vars : quiet.vars);
     if (demoted)
         d->mode = GG_MODE_OBSERVE;
     atomic_store(&d->enforcing, d->mode == GG_MODE_ENFORCE);
@@ -132,14 +155,26 @@ int gg_devices_init(const struct gg_process *proc, gg_report_fn report, void *ct
         d->present = true;
     }
     gg_policy_select(proc->policy, names, n, policies, report, ctx);
-    bool demoted[GG_MAX_DEVICES] = {false}, any = false;
-    for (int i = 0; i < n; i++)
-        any |= demoted[i] = apply_policy(i, &gg_devices[i], report, ctx, i == 0);
+    bool demoted[GG_MAX_DEVICES] = {false}, any = false, env_only = true;
+    struct env_sink env = {report, ctx, "", 0};
+    for (int i = 0; i < n; i++) {
+        bool only;
+        any |= demoted[i] = apply_policy(i, &gg_devices[i], &env, &only);
+        if (demoted[i])
+            env_only &= only;
+    }
     if (any) { /* one line for them all, however many GPUs */
         char which[256];
         ranges(demoted, n, which, sizeof which);
-        say(report, ctx, "GPU%s: policy problems above; observing only, nothing will be refused",
-            which);
+        if (env_only && env.vars == 1) /* the variable is to blame, not a policy */
+            say(report, ctx, "GPU%s: %s is not valid (above); observing only, nothing will be "
+                "refused", which, env.first);
+        else if (env_only && env.vars)
+            say(report, ctx, "GPU%s: %s and %d more GPUGUARD_* values are not valid (above); "
+                "observing only, nothing will be refused", which, env.first, env.vars - 1);
+        else
+            say(report, ctx, "GPU%s: policy problems above; observing only, nothing will be "
+                "refused", which);
     }
     gg_device_count = n;
     return n;

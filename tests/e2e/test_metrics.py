@@ -588,9 +588,12 @@ class Said(MetricsCase):
         env["GPUGUARD_METRICS_INTERVAL"] = "0"
         run = self.run_prog([SCRIPT, "alloc:1M", "freeall"], env=env, preload=False)
         self.assertEqual(run.rc, 0, run.err)
-        said = [l for l in self.shim_lines(run) if "GPUGUARD_METRICS_INTERVAL" in l]
+        said = [l for l in self.shim_lines(run) if l.startswith("gpuguard: GPUGUARD_METRICS_INTERVAL")]
         self.assertEqual(len(said), 1, run.err)
         self.assertIn("'0'", said[0])
+        # and why the guard only observes: the variable, not a policy
+        self.assertIn("gpuguard: GPU0: GPUGUARD_METRICS_INTERVAL is not valid (above); observing "
+                      "only, nothing will be refused", self.shim_lines(run))
 
 
 def dashboard_exprs():

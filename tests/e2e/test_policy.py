@@ -215,6 +215,40 @@ class Malformed(Case):
         self.assertTrue(any("GPUGUARD_MODE" in l for l in self.shim_lines(run)), run.err)
         self.assertEqual(run.rc, 0)
 
+    def test_a_policy_without_headroom_gets_the_shipped_10_percent(self):
+        # before: 0 B, a limit at the device's end; lint says what is left out
+        path = self.write_policy("nohr.ini", "[gpu]\nmatch = NVIDIA*\n[memory]\nmode = enforce\n")
+        run = self.script("alloc:1M", "freeall", policy=path)
+        dev = run.one("start")["devices"][0]
+        self.assertEqual(dev["headroom"], dev["total"] // 10)
+        self.assertEqual(dev["limit"], dev["total"] - dev["total"] // 10)
+        lint = subprocess.run([CHECK, "--lint", path], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        self.assertEqual(lint.returncode, 0, lint.stdout)
+        self.assertIn("%s: left to defaults: headroom = 10%%, near_miss = 5%%, enforce = runtime"
+                      % path, lint.stdout)
+        self.assertNotIn("mode = ", lint.stdout)     # the file said it
+
+    def test_a_bad_variable_is_blamed_not_the_policy(self):
+        # the shipped policy is fine: the line that says why nothing will be
+        # refused names the variable, not "policy problems"
+        policy = self.write_policy("ok.ini", HEADROOM_2G)
+        run = self.script("alloc:1M", "freeall", policy=policy, GPUGUARD_HEADROOM="banana")
+        lines = self.shim_lines(run)
+        self.assertIn("gpuguard: GPU0: GPUGUARD_HEADROOM is not valid (above); observing only, "
+                      "nothing will be refused", lines)
+        self.assertFalse([l for l in lines if "policy problems" in l], lines)
+        self.assertEqual(run.one("start")["devices"][0]["mode"], "observe")
+        # two bad variables: both counted; a bad file as well: the policy is named
+        run = self.script("alloc:1M", "freeall", policy=policy, GPUGUARD_HEADROOM="banana",
+                          GPUGUARD_MODE="sometimes")
+        self.assertTrue([l for l in self.shim_lines(run) if " and 1 more GPUGUARD_* values are "
+                         "not valid (above)" in l], self.shim_lines(run))
+        bad = self.write_policy("bad.ini", HEADROOM_2G + "bogus = 1\n")
+        run = self.script("alloc:1M", "freeall", policy=bad, GPUGUARD_HEADROOM="banana")
+        self.assertIn("gpuguard: GPU0: policy problems above; observing only, nothing will be "
+                      "refused", self.shim_lines(run))
+
 
 class DriverPaths(Case):
     def setUp(self):

@@ -302,8 +302,8 @@ static void test_defaults(void)
     gg_policy_defaults(&p);
     CHECK_STR(p.file, "");
     CHECK_STR(p.s.match, "");
-    CHECK(!p.s.headroom.is_percent);
-    CHECK_EQ_U64(p.s.headroom.bytes, 0);
+    CHECK(p.s.headroom.is_percent); /* the shipped policies' 10%, not 0 */
+    CHECK(p.s.headroom.percent == 10.0);
     CHECK(p.s.near_miss.is_percent);
     CHECK(p.s.near_miss.percent == 5.0);
     CHECK(p.s.mode == GG_MODE_AUTO);
@@ -1069,6 +1069,8 @@ static void test_limit(void)
 
     gg_policy_defaults(&p);
     memset(&rs, 0, sizeof rs);
+    CHECK_EQ_U64(gg_policy_limit(&p, 24 * GiB, collect, &rs), 24 * GiB - 2576980377ULL); /* 10% */
+    p.s.headroom = (struct gg_size){ 0, 0, false };
     CHECK_EQ_U64(gg_policy_limit(&p, 24 * GiB, collect, &rs), 24 * GiB); /* headroom 0 */
 
     p.s.headroom = (struct gg_size){ 0, 10.0, true };

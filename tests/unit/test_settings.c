@@ -45,7 +45,7 @@ static void test_every_default_parses(void)
     gg_setting_format(GG_SET_batch_size, &s, &p, text, sizeof text);
     CHECK_STR(text, "(not given)");
     gg_setting_format(GG_SET_headroom, &s, &p, text, sizeof text);
-    CHECK_STR(text, "0");
+    CHECK_STR(text, "10%");
     /* A share is shown as the size parser reads it: no exponent (found by
      * tests/fuzz/fuzz_policy: %g showed 0.0000001% as "1e-07%"). */
     static const char *const shares[] = {"0.0000001%", "12.5%", "33.333333333%", "100%"};

@@ -42,7 +42,8 @@ static const char gg_usage[] =
     "\n"
     "--lint: checks each policy file (each *.ini of a directory) and prints\n"
     "FILE:LINE: message for every problem, including a GPU name that two files of\n"
-    "one directory both match. Exit status 1 on any problem, 0 when clean.\n"
+    "one directory both match, and per file the [memory] and [trainer] keys it\n"
+    "leaves to their defaults. Exit status 1 on any problem, 0 when clean.\n"
     "\n"
     "--arch: for each FILE (a library or program) and each GPU, one line saying what\n"
     "device code the file carries and whether the GPU runs it; without FILE, the\n"
@@ -186,6 +187,33 @@ static int gg_lint_remember(struct gg_lint_dir *ld, const char *path, const char
     return 0;
 }
 
+/* What a file leaves to the built-in defaults, of the keys that decide what
+ * the guard does ([memory], [trainer]): one line, "key = value" as it would
+ * be written, so a default is never a surprise (a missing headroom is
+ * 10%, not 0). Not a problem. */
+static void gg_lint_defaults(const char *path, const struct gg_policy *p)
+{
+    char line[2048], value[256];
+    size_t len = 0;
+    struct gg_process proc;
+
+    memset(&proc, 0, sizeof proc);
+    line[0] = '\0';
+    for (int id = 0; id < GG_SET_COUNT; id++) {
+        const struct gg_setting_info *i = &gg_setting_info[id];
+        if (p->line[id] || (strcmp(i->section, "memory") != 0 && strcmp(i->section, "trainer") != 0))
+            continue;
+        gg_setting_format((enum gg_setting_id)id, &p->s, &proc, value, sizeof value);
+        int w = snprintf(line + len, sizeof line - len, "%s%s = %s", len ? ", " : "", i->key,
+                         value);
+        if (w < 0 || (size_t)w >= sizeof line - len)
+            break;
+        len += (size_t)w;
+    }
+    if (len)
+        printf("%s: left to defaults: %s\n", path, line);
+}
+
 static int gg_lint_member(void *arg, const char *path, const char *name)
 {
     struct gg_lint_dir *ld = arg;
@@ -193,6 +221,7 @@ static int gg_lint_member(void *arg, const char *path, const char *name)
 
     ld->files++;
     gg_policy_load(path, &p, gg_print_problem, ld->pr);
+    gg_lint_defaults(path, &p);
     gg_policy_check_member(path, &p, gg_print_problem, ld->pr);
     if (strcmp(name, "default.ini") != 0 && p.s.match[0] &&
         gg_lint_remember(ld, path, p.s.match) != 0) {
@@ -274,6 +303,7 @@ static int gg_lint(int argc, char **argv)
         } else {
             struct gg_policy p;
             gg_policy_load(argv[i], &p, gg_print_problem, &pr);
+            gg_lint_defaults(argv[i], &p);
             files++;
         }
     }

@@ -271,7 +271,10 @@ class Recommend(Base):
                                                "apply_batch": "yes"})
         lint = self.lint(out_dir)
         self.assertEqual(lint.returncode, 0, lint.stdout)
-        self.assertEqual(lint.stdout.strip(), "1 file ok")
+        self.assertEqual(lint.stdout.strip().splitlines()[-1], "1 file ok")
+        # what it leaves to the defaults is said, and is not the batch
+        self.assertIn("nvidia-geforce-rtx-3090.ini: left to defaults: enforce = runtime", lint.stdout)
+        self.assertNotRegex(lint.stdout, r"[ :]batch_size =")
 
     def test_written_policy_is_the_one_the_gpu_gets(self):
         if not os.path.exists(os.path.join(FAKE, "libcuda.so.1")) or not os.access(CHECK, os.X_OK):
