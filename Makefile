@@ -162,6 +162,8 @@ install: all
 	install -m 0755 $(SHIM_LIB) $(DESTDIR)$(PREFIX)/lib/libgpuguard.so
 	install -m 0644 include/gpuguard.h $(DESTDIR)$(PREFIX)/include/gpuguard.h
 	install -m 0644 policy/*.ini $(DESTDIR)$(PREFIX)/share/gpuguard/policy/
+	install -d $(DESTDIR)$(PREFIX)/share/gpuguard/dashboards
+	install -m 0644 dashboards/*.json $(DESTDIR)$(PREFIX)/share/gpuguard/dashboards/
 	install -m 0755 $(BUILD)/gpuguard-check $(DESTDIR)$(PREFIX)/bin/gpuguard-check
 	install -m 0755 tools/bin/gpuguard-run $(DESTDIR)$(PREFIX)/bin/gpuguard-run
 	install -m 0755 tools/bin/gpuguard-report $(DESTDIR)$(PREFIX)/bin/gpuguard-report

@@ -1312,6 +1312,33 @@ class RunScriptTest(unittest.TestCase):
         self.assertTrue(os.path.isdir(jdir))
         self.assertIn("exec python3 train.py --lr 1", out.stdout)
 
+    def test_an_unwritable_journal_directory_is_said_before_the_run(self):
+        # said by gpuguard-run before CMD starts (the shim says nothing until
+        # CMD's first CUDA call); CMD runs all the same, its status kept
+        afile = os.path.join(self.tmp, "afile")
+        open(afile, "w").close()
+        for env, where, why in (({"GPUGUARD_JOURNAL_DIR": afile}, afile, "not a directory"),
+                                ({"GPUGUARD_JOURNAL_DIR": os.path.join(self.tmp, "gone")},
+                                 os.path.join(self.tmp, "gone"), "no such directory")):
+            out = self.run_script(["--", "sh", "-c", "echo ran; exit 3"], GPUGUARD_LIB=self.lib,
+                                  **env)
+            self.assertEqual((out.returncode, out.stdout), (3, "ran\n"))
+            # (the stand-in library is empty: ld.so says so after)
+            self.assertTrue(out.stderr.startswith(
+                "gpuguard-run: warning: cannot write the journal in %s (%s): the run goes on "
+                "without it; --journal-dir DIR chooses another\n" % (where, why)), out.stderr)
+        out = self.run_script(["--metrics-dir", afile, "--", "true"], GPUGUARD_LIB=self.lib)
+        self.assertEqual(out.returncode, 2)                # an option's argument: bad usage
+        ok = self.run_script(["--journal-dir", self.tmp, "--metrics-dir", self.tmp, "--", "true"],
+                             GPUGUARD_LIB=self.lib)
+        self.assertEqual(ok.returncode, 0)
+        self.assertNotIn("gpuguard-run", ok.stderr)
+        if os.geteuid() != 0:                            # root writes anywhere
+            ro = os.path.join(self.tmp, "ro")
+            os.mkdir(ro, 0o555)
+            out = self.run_script(["--journal-dir", ro, "--", "true"], GPUGUARD_LIB=self.lib)
+            self.assertIn("(not writable by this user)", out.stderr)
+
     def test_exec_keeps_the_exit_status(self):
         cmd = ('printf "%s|%s|%s" "$GPUGUARD_MODE" "${GPUGUARD_QUIET-unset}" "$LD_PRELOAD"; '
                'exit 7')
