@@ -2,6 +2,7 @@
 #include "arch.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <link.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -12,6 +13,7 @@
 #include "device.h"
 #include "events.h"
 #include "fatbin.h"
+#include "origin.h"
 #include "prim.h"
 
 #define MAX_MODULES 512
@@ -184,22 +186,49 @@ static struct module *module_get(struct table *t, const struct object *o,
 
 /* ---- judging -------------------------------------------------------------- */
 
-static bool is_torch(const char *path)
+/* Whose a module is, in its user's terms (origin.h), found once per
+ * report and only for a module some GPU cannot run: dpkg's lists and
+ * wheels' records are read, at this cold point only. */
+struct whose {
+    bool known;
+    struct gg_origin lib, torch;
+    bool torch_here;  /* the process holds PyTorch's libraries */
+    char who[640];    /* "It is NCCL, from ...", or "" */
+};
+
+struct torch_find {
+    char path[PATH_CAP];
+    bool found;
+};
+
+static int torch_cb(struct dl_phdr_info *info, size_t size, void *ctx)
 {
-    return strstr(path, "/torch/lib/") != NULL;
+    (void)size;
+    struct torch_find *f = ctx;
+    const char *name = info->dlpi_name ? info->dlpi_name : "", *b = strrchr(name, '/');
+    b = b ? b + 1 : name;
+    if (strncmp(b, "libtorch_cuda.", 14) && strncmp(b, "libc10_cuda.", 12) &&
+        strncmp(b, "libtorch.", 9))
+        return 0;
+    snprintf(f->path, sizeof f->path, "%s", name);
+    f->found = true;
+    return 1;
 }
 
-/* What to do about a module with no code for sm_XY, one sentence. */
-static void fix_for(const char *path, int major, int minor, char *out, size_t cap)
+static void whose_of(const char *path, struct whose *w)
 {
-    int cc = major * 10 + minor;
-    if (is_torch(path))
-        snprintf(out, cap, "%s", gg_fatbin_torch_fix(major, minor));
-    else
-        snprintf(out, cap,
-                 "rebuild it for this GPU (nvcc -gencode arch=compute_%d,code=sm_%d) or with PTX "
-                 "for compute_%d or older, which the driver compiles at load",
-                 cc, cc, cc);
+    if (w->known)
+        return;
+    w->known = true;
+    gg_origin_of(path, GG_ORIGIN_DPKG, &w->lib);
+    struct torch_find f = {.found = false};
+    if (!w->lib.torch) { /* the PyTorch it serves, if any is loaded */
+        dl_iterate_phdr(torch_cb, &f);
+        if (f.found)
+            gg_origin_of(f.path, GG_ORIGIN_DPKG, &w->torch);
+    }
+    w->torch_here = w->lib.torch || f.found;
+    gg_origin_describe(&w->lib, f.found ? &w->torch : NULL, w->who, sizeof w->who);
 }
 
 /* One `arch` event per distinct compute capability among the process's
@@ -207,7 +236,8 @@ static void fix_for(const char *path, int major, int minor, char *out, size_t ca
 static void report(const char *path, const struct gg_fatbin *fb, bool from_memory,
                    uint64_t read_ns)
 {
-    char carries[512];
+    char carries[512], fix[512];
+    struct whose w = {.known = false};
     gg_fatbin_describe(fb, carries, sizeof carries);
     bool done[GG_MAX_DEVICES] = {false}, any_ok = false;
     int first_bad = -1, bad = 0;
@@ -217,18 +247,22 @@ static void report(const char *path, const struct gg_fatbin *fb, bool from_memor
             continue;
         struct gg_fatbin_verdict v;
         gg_fatbin_judge(fb, d->cc_major, d->cc_minor, &v);
-        char cc[16], used[32], msg[768];
+        char cc[16], used[32], msg[2048];
         snprintf(cc, sizeof cc, "%d.%d", d->cc_major, d->cc_minor);
         gg_fatbin_code_name(v.used, used, sizeof used);
         int arch = d->cc_major * 10 + d->cc_minor;
-        if (!v.ok)
-            snprintf(msg, sizeof msg, "no kernel image for sm_%d: the module carries %s", arch,
-                     carries);
-        else if (v.used.kind == GG_FATBIN_PTX)
+        if (!v.ok) {
+            whose_of(path, &w);
+            gg_fatbin_fix(&w.lib, w.torch_here, d->cc_major, d->cc_minor, fix, sizeof fix);
+            snprintf(msg, sizeof msg,
+                     "no kernel image for sm_%d: the module carries %s.%s%s Fix: %s", arch,
+                     carries, w.who[0] ? " " : "", w.who, fix);
+        } else if (v.used.kind == GG_FATBIN_PTX) {
             snprintf(msg, sizeof msg, "runs only by JIT compilation of PTX %s (no SASS for sm_%d)",
                      used, arch);
-        else
+        } else {
             snprintf(msg, sizeof msg, "runs SASS %s", used);
+        }
         struct gg_arch_event e = {.dev = i, .cc = cc, .module = path, .fb = fb, .ok = v.ok,
                                   .message = msg, .from_memory = from_memory,
                                   .read_us = read_ns / 1000};
@@ -249,16 +283,24 @@ static void report(const char *path, const struct gg_fatbin *fb, bool from_memor
     if (any_ok || first_bad < 0)
         return;
     const struct gg_device *d = &gg_devices[first_bad];
-    char fix[512], more[64] = "";
-    fix_for(path, d->cc_major, d->cc_minor, fix, sizeof fix);
+    char more[64] = "", line[4096];
+    gg_fatbin_fix(&w.lib, w.torch_here, d->cc_major, d->cc_minor, fix, sizeof fix);
     if (bad == 2)
         snprintf(more, sizeof more, " (nor for the other GPU)");
     else if (bad > 2)
         snprintf(more, sizeof more, " (nor for the other %d GPUs)", bad - 1);
-    gg_say("%s has no kernel image for GPU%d %s (compute capability %d.%d)%s: it carries %s, so "
-           "its kernels fail with \"no kernel image is available for execution on the device\". "
-           "Fix: %s",
-           path, first_bad, d->name, d->cc_major, d->cc_minor, more, carries, fix);
+    /* gg_say's form, longer: a path, what it carries, whose it is, the fix */
+    int n = snprintf(line, sizeof line - 1,
+                     "gpuguard: %s has no kernel image for GPU%d %s (compute capability "
+                     "%d.%d)%s: it carries %s, so its kernels fail with \"no kernel image is "
+                     "available for execution on the device\".%s%s Fix: %s",
+                     path, first_bad, d->name, d->cc_major, d->cc_minor, more, carries,
+                     w.who[0] ? " " : "", w.who, fix);
+    size_t len = n < 0 ? 0 : (size_t)n < sizeof line - 1 ? (size_t)n : sizeof line - 2;
+    line[len++] = '\n';
+    int saved = errno;
+    gg_write_all(2, line, len);
+    errno = saved;
 }
 
 /* The module's file, or /proc/self/exe for the main program, and the name

@@ -9,17 +9,23 @@
  * GPU of the process can run, one line on stderr naming the module, the
  * GPU, what the module carries and the fix.
  *
- * Modules are found three ways, never on the allocation path:
+ * Modules are found at cold points, never on the allocation path, each
+ * judged once:
  *   - at the guard's start, every object loaded so far (gg_arch_start);
  *   - __cudaRegisterFatBinary, which nvcc's host code calls from the
  *     constructor of every library built with the shared runtime: the shim
  *     exports it (a row of hooks.def, a copy per runtime version, so each
  *     library's registration reaches its own runtime), notes the library,
  *     and checks one loaded after the start right there;
- *   - a static runtime (nvcc's default) never calls the shim's registration,
- *     but it looks up the driver (cuGetProcAddress) before its first kernel:
- *     at each lookup gg_arch_poll() checks the objects loaded since the last
- *     look, which costs one dl_iterate_phdr step when none were.
+ *   - a static runtime (nvcc's default) registers inside its own library,
+ *     never through the shim, so a library dlopen'ed after the start is
+ *     found by gg_arch_poll(), which checks the objects loaded since its
+ *     last look (one dl_iterate_phdr step when none were): when a runtime
+ *     looks the driver up before its first kernel (cuGetProcAddress, or
+ *     dlsym of a cu* name as runtimes before CUDA 11.3 and PyTorch's VMM
+ *     code do), on the shim's own thread every tick (a library loaded and
+ *     not used yet, or whose runtime reaches the driver around the shim),
+ *     and at exit, before the summary.
  * A module whose file cannot be read (deleted, replaced) but whose fat
  * binaries were registered is judged from the registered ones in memory.
  */
@@ -30,8 +36,9 @@
  * module. */
 void gg_arch_start(void);
 
-/* A cheap point off the allocation path (a driver lookup) of a started
- * shim: check the modules loaded since the last look. */
+/* A cold point of a started shim (a driver lookup, the shim's tick, the
+ * exit): check the modules loaded since the last look. Cheap when none
+ * were; never waits for another thread's look. */
 void gg_arch_poll(void);
 
 /* A fat binary is being registered (before the runtime's own call): the

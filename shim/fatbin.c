@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "origin.h"
+
 /* Byte layout, little-endian (measured on nvcc 12/13 output).
  * Fat binary header: u32 magic, u16 version (1), u16 header size (16),
  * u64 size of the entries that follow. Entry header: u16 kind, u16 version,
@@ -587,12 +589,28 @@ void gg_fatbin_describe(const struct gg_fatbin *fb, char *out, size_t cap)
     }
 }
 
+const char *gg_fatbin_first_cuda(int major, int minor)
+{
+    static const struct {
+        int cc;
+        const char *cuda;
+    } first[] = {{70, "9.0"},   {75, "10.0"},  {80, "11.0"},  {86, "11.1"},  {87, "11.4"},
+                 {89, "11.8"},  {90, "11.8"},  {100, "12.8"}, {101, "12.8"}, {120, "12.8"},
+                 {103, "12.9"}, {121, "12.9"}, {110, "13.0"}};
+    int cc = major * 10 + minor;
+    for (size_t i = 0; i < sizeof first / sizeof first[0]; i++)
+        if (first[i].cc == cc)
+            return first[i].cuda;
+    return NULL;
+}
+
 const char *gg_fatbin_torch_fix(int major, int minor)
 {
     int cc = major * 10 + minor;
     if (major == 10 || major == 12)
-        return "install PyTorch 2.7 or newer built with CUDA 12.8 or newer (e.g. pip install "
-               "torch --index-url https://download.pytorch.org/whl/cu128)";
+        return "install PyTorch 2.7 or newer built with CUDA 12.8 or newer, whose wheels carry "
+               "sm_100 and sm_120 (pip install torch --index-url "
+               "https://download.pytorch.org/whl/cu128)";
     if (cc >= 75 && cc <= 90)
         return "install an official PyTorch CUDA wheel (2.6 and later carry SASS for sm_75, "
                "sm_80, sm_86 and sm_90; 8.9 runs the sm_86 code)";
@@ -601,4 +619,33 @@ const char *gg_fatbin_torch_fix(int major, int minor)
                "https://download.pytorch.org/whl/cu126), which still carries sm_50 to sm_90";
     return "install a PyTorch build whose TORCH_CUDA_ARCH_LIST names this GPU's compute "
            "capability";
+}
+
+void gg_fatbin_fix(const struct gg_origin *lib, bool torch_here, int major, int minor, char *out,
+                   size_t cap)
+{
+    int cc = major * 10 + minor;
+    const char *cuda = gg_fatbin_first_cuda(major, minor);
+    char with[48] = "";
+    if (cuda)
+        snprintf(with, sizeof with, " with CUDA %s or newer", cuda);
+    if (lib && (lib->torch || (lib->what[0] && torch_here))) {
+        const char *wheel = lib->torch ? NULL : gg_origin_torch_wheel(lib);
+        if (wheel)
+            snprintf(out, cap, "%s; that PyTorch brings its own %s (the %s wheel)",
+                     gg_fatbin_torch_fix(major, minor), lib->what, wheel);
+        else
+            snprintf(out, cap, "%s", gg_fatbin_torch_fix(major, minor));
+    } else if (lib && lib->from != GG_ORIGIN_UNKNOWN) {
+        snprintf(out, cap,
+                 "install a build of %s made for sm_%d%s, or rebuild it (nvcc -gencode "
+                 "arch=compute_%d,code=sm_%d) or with PTX for compute_%d or older, which the "
+                 "driver compiles at load",
+                 lib->package, cc, with, cc, cc, cc);
+    } else {
+        snprintf(out, cap,
+                 "rebuild it for this GPU%s (nvcc -gencode arch=compute_%d,code=sm_%d) or with PTX "
+                 "for compute_%d or older, which the driver compiles at load",
+                 with, cc, cc, cc);
+    }
 }

@@ -152,9 +152,28 @@ void gg_fatbin_code_name(struct gg_fatbin_code c, char *out, size_t cap);
  * no SASS" or "no device code" into out. */
 void gg_fatbin_describe(const struct gg_fatbin *fb, char *out, size_t cap);
 
+/* The first CUDA toolkit whose nvcc builds SASS for sm_XY ("12.8" for 12.0,
+ * from NVIDIA's CUDA release notes and the Blackwell compatibility guide,
+ * https://docs.nvidia.com/cuda/blackwell-compatibility-guide/), NULL when
+ * not known. */
+const char *gg_fatbin_first_cuda(int major, int minor);
+
 /* Which PyTorch to install for a GPU (from the arch lists PyTorch's CUDA
- * wheels are built with, https://pytorch.org/get-started/locally/): an
- * imperative clause, no period. */
+ * wheels are built with, https://pytorch.org/get-started/locally/, and the
+ * release notes: PyTorch 2.7 is the first with CUDA 12.8 wheels, for
+ * Blackwell, https://pytorch.org/blog/pytorch-2-7/): an imperative clause,
+ * no period. */
 const char *gg_fatbin_torch_fix(int major, int minor);
+
+/* What to do about a library that has no code for sm_XY, in its user's
+ * terms (an imperative clause, no period): `lib` says what it is and where
+ * it comes from (origin.h), `torch_here` whether the process (or the files
+ * judged with it) holds PyTorch. PyTorch's own libraries, and the CUDA
+ * libraries PyTorch uses when PyTorch is here: install another PyTorch
+ * (whose wheels bring their own NCCL, cuDNN...); a library of another
+ * package or wheel: a build of that for the GPU; else rebuild it. */
+struct gg_origin;
+void gg_fatbin_fix(const struct gg_origin *lib, bool torch_here, int major, int minor, char *out,
+                   size_t cap);
 
 #endif /* GG_FATBIN_H */

@@ -377,6 +377,8 @@ void gg_life_finish(void)
     if (inside)
         gg_journal_final();
     gg_ticker_stop(); /* and the last tick: the timeline to now, what was left out */
+    if (!inside)
+        gg_arch_poll(); /* libraries loaded since the last look, before the summary */
     gg_metrics_exit(); /* a clean exit: Prometheus stops seeing this process */
     gg_react_python();
     if (!inside && gg_advice_current(&batch, &accum)) /* the phase the process ended in */

@@ -14,6 +14,7 @@
 #include <dlfcn.h>
 #include <string.h>
 
+#include "arch.h"
 #include "driver.h"
 #include "life.h"
 #include "hooks.h"
@@ -55,6 +56,8 @@ static GG_NO_SANITIZE void *filter(void *handle, const char *name, uintptr_t cal
         return handed(real && in_runtime(real) ? gg_hook_runtime_lookup(name, real) : NULL, name,
                       caller);
     }
+    if (gg_active())
+        gg_arch_poll(); /* a runtime that finds the driver by name (CUDA 11.2 and older) */
     if (!gg_hooks_driver_enabled() || !gg_hook_driver_wanted(name))
         return NULL;
     void *real = gg_real_dlsym(handle, name);

@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <time.h>
 
+#include "arch.h"
 #include "metrics.h"
 #include "prim.h"
 #include "react.h"
@@ -36,6 +37,7 @@ static void *tick_loop(void *arg)
             report_at = now + REPORT_NS;
         gg_react_tick(report);
         gg_metrics_tick(now); /* when its interval has passed */
+        gg_arch_poll();       /* libraries loaded since: judged here, off the callers' threads */
         atomic_store(&busy, 0);
     }
     return NULL;

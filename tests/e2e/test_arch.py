@@ -1,7 +1,10 @@
 """Issue 16, "no kernel image is available": libraries built here by the real
 nvcc for chosen archs (tests/arch/arch.mk), judged against fake GPUs of
 compute capability 7.5 to 12.0 by gpuguard-check --arch and by the shim, for
-the static runtime (nvcc's default) and the shared one (docs/how-it-works.md)."""
+the static runtime (nvcc's default) and the shared one (docs/how-it-works.md).
+Issue 24: a static-runtime library dlopen'ed after the start is judged too,
+whether its runtime starts or not, and the fix is said in its user's terms
+(the wheel or package it came from, and which PyTorch to install)."""
 import os
 import re
 import shutil
@@ -190,21 +193,67 @@ class Shim(ArchCase):
                 self.assertEqual(run.rc, 0, run.err)
                 self.assert_judged(run, cc, self.libs())
 
+    def lines_about(self, run, lib):
+        return [l for l in self.shim_lines(run) if "no kernel image" in l and l.split()[1] == lib]
+
+    def assert_judged_once_before(self, run, lib, mark):
+        """One `arch` event and one stderr line for lib, the line before the
+        program's `mark` on stderr."""
+        self.assertEqual(run.rc, 0, run.err)
+        self.assertEqual(list(self.arch_events(run)), [lib])
+        self.assertFalse(run.one("arch")["ok"])
+        self.assertEqual(len(self.lines_about(run, lib)), 1, run.err)
+        err = run.err.splitlines()
+        self.assertLess(err.index(self.lines_about(run, lib)[0]), err.index("archprog: " + mark),
+                        run.err)
+
     def test_what_triggers_a_late_check(self):
         gpu = GPUS[(12, 0)]
         shared = os.path.join(ARCH, "libarch_sass80_shared.so")
         static = os.path.join(ARCH, "libarch_sass80.so")
-        # the registration alone: nothing else happens after the load
-        run = self.arch("alloc", f"load:{shared}", devices=gpu)
-        self.assertEqual(list(self.arch_events(run)), [shared])
-        # a static runtime registers nothing through the shim: loaded, never
-        # used, it is not looked at ...
-        run = self.arch("alloc", f"load:{static}", devices=gpu)
-        self.assertEqual(run.of("arch"), [])
-        # ... until its runtime starts, before any kernel of it can run
-        run = self.arch("alloc", f"load:{static}", "call:arch_alloc", devices=gpu)
-        self.assertEqual(list(self.arch_events(run)), [static])
+        # the shared runtime's registration, from the library's constructor
+        run = self.arch("alloc", f"load:{shared}", "mark:loaded", devices=gpu)
+        self.assert_judged_once_before(run, shared, "loaded")
+        # a static runtime (nvcc's default) registers inside its library, never
+        # through the shim; the library is judged when its runtime starts
+        # (looks the driver up with cuGetProcAddress), before any kernel of it
+        run = self.arch("alloc", f"load:{static}", "call:arch_alloc", "mark:called", devices=gpu)
+        self.assert_judged_once_before(run, static, "called")
         self.assertIn("arch_alloc: ", run.out)  # the static runtime's own error, untouched
+        # ... or finds the driver by name, as runtimes before CUDA 11.3 do
+        run = self.arch("alloc", f"load:{static}", "lookup:cuInit", "mark:looked", devices=gpu)
+        self.assert_judged_once_before(run, static, "looked")
+
+    def test_a_static_runtime_library_loaded_and_not_used(self):
+        # loaded after the start, its runtime never started: the shim's own
+        # thread finds it within a tick (0.5 s) ...
+        gpu = GPUS[(12, 0)]
+        static = os.path.join(ARCH, "libarch_sass80.so")
+        run = self.arch("alloc", f"load:{static}", "sleep:2000", "mark:slept", devices=gpu)
+        self.assert_judged_once_before(run, static, "slept")
+        # ... and a process that ends first, at its exit, before the summary
+        run = self.arch("alloc", f"load:{static}", devices=gpu)
+        self.assertEqual(list(self.arch_events(run)), [static])
+        self.assertEqual(len(self.lines_about(run, static)), 1, run.err)
+        lines = self.shim_lines(run)
+        self.assertIn("no kernel image", lines[0])
+        self.assertIn("peak", lines[-1])  # the summary comes after
+        self.sanitizer_clean(run)
+
+    def test_judged_once_whatever_finds_it(self):
+        # every cold point after the load: the tick, the runtime's start, a
+        # lookup by name, the exit; a library that runs: an event, no line
+        gpu = GPUS[(12, 0)]
+        bad = os.path.join(ARCH, "libarch_sass80.so")
+        good = os.path.join(ARCH, "libarch_sm120.so")
+        run = self.arch("alloc", f"load:{good}", f"load:{bad}", "sleep:1200", "call:arch_alloc",
+                        "lookup:cuMemAlloc_v2", devices=gpu)
+        self.assertEqual(run.rc, 0, run.err)
+        self.assertEqual(sorted(self.arch_events(run)), sorted([bad, good]))
+        self.assertEqual(len(run.of("arch")), 2)
+        self.assertTrue(self.arch_events(run)[good]["ok"])
+        self.assertEqual([l.split()[1] for l in self.shim_lines(run) if "no kernel image" in l],
+                         [bad])
 
     def test_sm80_library_on_a_cc_12_gpu(self):
         sass80 = os.path.join(ARCH, "libarch_sass80.so")
@@ -335,6 +384,92 @@ class Shim(ArchCase):
         run = self.arch(f"load:{lib}", "alloc", devices=GPUS[(12, 0)])
         line = [l for l in self.shim_lines(run) if "no kernel image" in l][0]
         self.assertIn("Fix: install PyTorch 2.7 or newer built with CUDA 12.8 or newer", line)
+
+
+class FromWheels(ArchCase):
+    """The line in its user's terms: nvcc-built libraries laid out as pip
+    installs PyTorch's CUDA wheels (site-packages/torch/lib,
+    site-packages/nvidia/nccl/lib, each wheel's .dist-info and its RECORD)
+    and a third party's extension; loaded after the start, each with its
+    static runtime never started."""
+
+    TORCH = "torch/lib/libtorch_cuda.so"
+    NCCL = "nvidia/nccl/lib/libnccl.so.2"
+    EXT = "flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.so"
+    DISTS = {TORCH: "torch-2.6.0+cu124", NCCL: "nvidia_nccl_cu12-2.21.5",
+             EXT: "flash_attn-2.7.4.post1"}
+
+    def install(self, libs):
+        """{relative path: the library copied there}: their paths."""
+        site = os.path.join(self.tmp, "venv", "lib", "python3.12", "site-packages")
+        paths = {}
+        for rel, src in libs.items():
+            paths[rel] = os.path.join(site, rel)
+            os.makedirs(os.path.dirname(paths[rel]), exist_ok=True)
+            shutil.copy(src, paths[rel])
+            info = os.path.join(site, self.DISTS[rel] + ".dist-info")
+            os.makedirs(info, exist_ok=True)
+            with open(os.path.join(info, "RECORD"), "a") as f:
+                f.write(f"{rel},sha256=0,1\n")
+        # another CUDA's NCCL wheel, which does not hold the file
+        info = os.path.join(site, "nvidia_nccl_cu11-2.19.3.dist-info")
+        os.makedirs(info, exist_ok=True)
+        with open(os.path.join(info, "RECORD"), "w") as f:
+            f.write("nvidia/nccl/lib/libnccl.so.2.19,sha256=0,1\n")
+        return paths
+
+    def late(self, paths, *order):
+        run = self.arch("alloc", *[f"load:{paths[rel]}" for rel in order], devices=GPUS[(12, 0)])
+        self.assertEqual(run.rc, 0, run.err)
+        return run
+
+    def line(self, run, path):
+        lines = [l for l in self.shim_lines(run) if "no kernel image" in l]
+        self.assertEqual([l.split()[1] for l in lines], [path], run.err)
+        return lines[0]
+
+    def test_nccl_of_the_torch_wheels(self):
+        paths = self.install({self.TORCH: os.path.join(ARCH, "libarch_ptx80.so"),
+                              self.NCCL: os.path.join(ARCH, "libarch_sass80.so")})
+        run = self.late(paths, self.TORCH, self.NCCL)
+        events = self.arch_events(run)
+        self.assertTrue(events[paths[self.TORCH]]["ok"])  # PyTorch runs by JIT of its PTX
+        nccl = events[paths[self.NCCL]]
+        self.assertFalse(nccl["ok"])
+        whose = ("It is NCCL, from the wheel nvidia-nccl-cu12 2.21.5, which PyTorch here (the "
+                 "wheel torch 2.6.0+cu124) uses for its multi-GPU collectives (torch.distributed).")
+        fix = ("Fix: install PyTorch 2.7 or newer built with CUDA 12.8 or newer, whose wheels "
+               "carry sm_100 and sm_120 (pip install torch --index-url "
+               "https://download.pytorch.org/whl/cu128); that PyTorch brings its own NCCL (the "
+               "nvidia-nccl-cu12 wheel)")
+        self.assertEqual(nccl["message"], "no kernel image for sm_120: the module carries SASS "
+                         "sm_80, no PTX. " + whose + " " + fix)
+        line = self.line(run, paths[self.NCCL])
+        self.assertTrue(line.endswith('"no kernel image is available for execution on the '
+                                      'device". ' + whose + " " + fix), line)
+        self.assertNotIn("rebuild", line)
+        # gpuguard-check says the same of the same files
+        out = self.check("--arch", paths[self.TORCH], paths[self.NCCL], devices=GPUS[(12, 0)])
+        self.assertEqual(out.returncode, 1)
+        self.assertIn(f"GPU 0 (sm_120): {paths[self.NCCL]}: {whose} {fix}\n", out.stdout)
+        self.assertNotIn("rebuild", out.stdout)
+
+    def test_pytorch_of_a_wheel_that_cannot_run(self):
+        paths = self.install({self.TORCH: os.path.join(ARCH, "libarch_multi.so")})
+        line = self.line(self.late(paths, self.TORCH), paths[self.TORCH])
+        self.assertIn("no PTX, so its kernels fail with \"no kernel image is available for "
+                      "execution on the device\". It is one of PyTorch's own libraries, from "
+                      "the wheel torch 2.6.0+cu124. Fix: install PyTorch 2.7 or newer built with "
+                      "CUDA 12.8 or newer", line)
+
+    def test_an_extension_of_another_wheel(self):
+        paths = self.install({self.TORCH: os.path.join(ARCH, "libarch_ptx80.so"),
+                              self.EXT: os.path.join(ARCH, "libarch_sass80.so")})
+        line = self.line(self.late(paths, self.TORCH, self.EXT), paths[self.EXT])
+        self.assertIn("It comes from the wheel flash-attn 2.7.4.post1. Fix: install a build of "
+                      "flash-attn made for sm_120 with CUDA 12.8 or newer, or rebuild it (nvcc "
+                      "-gencode arch=compute_120,code=sm_120)", line)
+        self.assertNotIn("PyTorch", line)
 
 
 class InstalledTorch(ArchCase):

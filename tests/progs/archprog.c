@@ -9,13 +9,19 @@
  *   unlink:PATH   remove a file (a library replaced on disk while loaded)
  *   modules       prints "modules: N", the fat binaries the linked runtime
  *                 has registered (the fake runtime's count)
+ *   lookup:SYM    dlsym(SYM) on libcuda.so.1, as runtimes before CUDA 11.3
+ *                 (and PyTorch's VMM code) find the driver
+ *   sleep:MS      sleep MS milliseconds
+ *   mark:TEXT     "archprog: TEXT" on stderr (where the shim's lines fall)
  *
  * Ends with "archprog: done"; a failed load or a bad command exits 2.
  */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 unsigned fakecudart_modules(void); /* the fake runtime's test hook */
@@ -56,6 +62,18 @@ int main(int argc, char **argv)
                 perror(a + 7);
                 return 2;
             }
+        } else if (!strncmp(a, "lookup:", 7)) {
+            void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+            if (!cuda || !dlsym(cuda, a + 7)) {
+                fprintf(stderr, "archprog: no %s in libcuda.so.1\n", a + 7);
+                return 2;
+            }
+        } else if (!strncmp(a, "sleep:", 6)) {
+            struct timespec ts = {atoi(a + 6) / 1000, atoi(a + 6) % 1000 * 1000000L};
+            while (nanosleep(&ts, &ts) != 0)
+                ;
+        } else if (!strncmp(a, "mark:", 5)) {
+            fprintf(stderr, "archprog: %s\n", a + 5);
         } else if (!strcmp(a, "modules")) {
             printf("modules: %u\n", fakecudart_modules());
         } else {

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "fatbin.h"
+#include "origin.h"
 
 #define EXIT_OK 0
 #define EXIT_PROBLEM 1
@@ -117,9 +118,10 @@ static void verdict_text(const struct gg_fatbin_verdict *v, const struct gpu *g,
         snprintf(out, cap, "runs SASS %s", used);
 }
 
-/* One line per GPU; true when every GPU runs the file. */
+/* One line per GPU; true when every GPU runs the file. bad[k] (when given):
+ * GPU k cannot. */
 static bool judge_lib(const char *path, const struct gg_fatbin *fb, const struct gpu *g, int n,
-                      bool *bad_cc)
+                      bool *bad_cc, bool *bad)
 {
     char carries[512], verdict[128];
     bool all = true;
@@ -133,6 +135,8 @@ static bool judge_lib(const char *path, const struct gg_fatbin *fb, const struct
         if (!v.ok) {
             all = false;
             bad_cc[i] = true;
+            if (bad)
+                bad[i] = true;
         }
     }
     return all;
@@ -399,6 +403,47 @@ void gg_check_arch_torch_paragraph(void)
 
 /* ---- --arch ------------------------------------------------------------------ */
 
+/* What to do, per GPU that cannot run some FILE: for a file whose origin is
+ * known (a Debian package, a wheel, one of PyTorch's libraries or those it
+ * uses), a line in its user's terms, as the shim says it (origin.h,
+ * gg_fatbin_fix); PyTorch is "here" when one of the FILEs is PyTorch's.
+ * For the others, one line: rebuild them. */
+static void fix_lines(int argc, char **argv, const bool *bad, const struct gpu *g, int n,
+                      const bool *bad_cc)
+{
+    struct gg_origin *org = bad ? calloc((size_t)argc, sizeof *org) : NULL;
+    int torch = -1;
+    for (int i = 0; org && i < argc; i++) {
+        gg_origin_of(argv[i], GG_ORIGIN_DPKG, &org[i]);
+        if (org[i].torch && torch < 0)
+            torch = i;
+    }
+    for (int k = 0; k < n; k++) {
+        int cc = g[k].major * 10 + g[k].minor;
+        bool rest = !org && bad_cc[k];
+        for (int i = 0; org && i < argc; i++) {
+            if (!bad[(size_t)i * n + k])
+                continue;
+            if (org[i].from == GG_ORIGIN_UNKNOWN && !org[i].what[0]) {
+                rest = true;
+                continue;
+            }
+            char who[640], fix[512];
+            gg_origin_describe(&org[i], torch >= 0 && !org[i].torch ? &org[torch] : NULL, who,
+                               sizeof who);
+            gg_fatbin_fix(&org[i], torch >= 0, g[k].major, g[k].minor, fix, sizeof fix);
+            printf("GPU %d (sm_%d): %s: %s%sFix: %s\n", g[k].index, cc, argv[i], who,
+                   who[0] ? " " : "", fix);
+        }
+        if (rest)
+            printf("GPU %d (sm_%d): rebuild what cannot run with -gencode "
+                   "arch=compute_%d,code=sm_%d, or with PTX for compute_%d or older, which the "
+                   "driver compiles at load\n",
+                   g[k].index, cc, cc, cc, cc);
+    }
+    free(org);
+}
+
 int gg_check_arch(int argc, char **argv)
 {
     struct gpu g[MAX_GPUS];
@@ -414,24 +459,21 @@ int gg_check_arch(int argc, char **argv)
         }
         torch_libs(&t);
         for (int i = 0; i < t.nlibs; i++)
-            problem |= !judge_lib(t.libs[i], &t.fb[i], g, n, bad_cc);
+            problem |= !judge_lib(t.libs[i], &t.fb[i], g, n, bad_cc, NULL);
         printf("\n");
         problem |= !torch_paragraph(&t, g, n);
         torch_free(&t);
         return problem ? EXIT_PROBLEM : EXIT_OK;
     }
+    bool *bad = calloc((size_t)argc * (size_t)n, sizeof *bad); /* bad[file * n + gpu] */
     for (int i = 0; i < argc; i++) {
         static struct gg_fatbin fb;
         bool unreadable;
         if (read_lib(argv[i], &fb, &unreadable))
-            problem |= !judge_lib(argv[i], &fb, g, n, bad_cc);
+            problem |= !judge_lib(argv[i], &fb, g, n, bad_cc, bad ? bad + (size_t)i * n : NULL);
         problem |= unreadable;
     }
-    for (int i = 0; i < n; i++)
-        if (bad_cc[i])
-            printf("GPU %d (sm_%d): rebuild what cannot run with -gencode arch=compute_%d,code=sm_%d, "
-                   "or with PTX for compute_%d or older, which the driver compiles at load\n",
-                   g[i].index, g[i].major * 10 + g[i].minor, g[i].major * 10 + g[i].minor,
-                   g[i].major * 10 + g[i].minor, g[i].major * 10 + g[i].minor);
+    fix_lines(argc, argv, bad, g, n, bad_cc);
+    free(bad);
     return problem ? EXIT_PROBLEM : EXIT_OK;
 }
