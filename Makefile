@@ -149,6 +149,7 @@ bench: deps
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/run.py
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/report_bench.py
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/torch_step.py
+	@GG_BUILD=$(BUILD) $(PYTHON) bench/instrument.py
 
 # The generated part of docs/journal.md, from shim/events.def (a test fails
 # when it is not current).
@@ -171,8 +172,10 @@ install: all
 # modules and nothing else (a module an older version had goes away).
 	rm -rf $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard
 	install -d $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/journal \
-	  $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/report
+	  $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/report \
+	  $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/_site
 	install -m 0644 tools/python/gpuguard/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/
+	install -m 0644 tools/python/gpuguard/_site/sitecustomize.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/_site/
 	install -m 0644 tools/python/gpuguard/journal/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/journal/
 	install -m 0644 tools/python/gpuguard/report/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/report/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|0.1.0|g' tools/build-aux/gpuguard.pc.in \

@@ -13,8 +13,11 @@ for N rounds, each run pinned to one CPU core, and prints the ratio of the
 minima of the step times (target <= 1.01) beside the ratio of the two
 series without the shim: the noise floor of this machine, which a ratio
 inside it cannot be told from. It also counts the calls the shim
-intercepts per step (a trace of one run): the most it can add. Without the
-rig it says how to get one and exits 0.
+intercepts per step (a trace of one run): the most it can add. Then the
+same step under gpuguard-run against the shim without its instrumentation
+(a flat run: target <= 1.01), and with PyTorch's allocation history on (as
+for a forecast's step): the microseconds it adds a step and an allocation.
+Without the rig it says how to get one and exits 0.
 """
 import argparse
 import os
@@ -38,13 +41,13 @@ mode = observe
 """
 
 
-def one_run(sess, policy, shim, steps, warmup, trace=False):
+def one_run(sess, policy, shim, steps, warmup, trace=False, gpuguard_run=None, extra=()):
     """The step times (seconds) of one run, pinned to the last CPU core."""
     d = tempfile.mkdtemp(prefix="bench-", dir=sess.host_dir)
     os.chmod(d, 0o777)
     argv = torchrig.command(["/usr/bin/python3", sess.dir + "/scripts/bench_step.py",
-                             "--steps", steps, "--warmup", warmup], sess.inside(d),
-                            preload=shim, policy=policy, trace=trace)
+                             "--steps", steps, "--warmup", warmup] + list(extra), sess.inside(d),
+                            preload=shim, policy=policy, trace=trace, gpuguard_run=gpuguard_run)
     if shutil.which("taskset"):
         argv = ["taskset", "-c", str(os.cpu_count() - 1)] + argv
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -88,8 +91,44 @@ def main():
                                                   med["without again"]))
     print("  noise floor: the two series without the shim differ by %.1f%% (minima)" % ((noise - 1) * 100))
     print("  calls the shim intercepts: %d in 20 steps (with the start), %.1f a step" % (calls, calls / 20.0))
+    instrumentation(sess, policy, opts.rounds, str(opts.steps), str(warmup))
     return 0
 
+
+def instrumentation(sess, policy, rounds, steps, warmup):
+    """gpuguard-run's instrumentation of PyTorch (docs/costs.md). In the same
+    runs (one process: the series share its noise), blocks of 10 steps with
+    the instrumentation in and out (its optimizer hook and backward wrapper:
+    a flat run's whole cost, the shim's step boundaries included); and
+    blocks with PyTorch's allocation history on and off, as the
+    instrumentation turns it on for a forecast's step only."""
+    out_, in_, off, on, allocs = [], [], [], [], 0
+    for _ in range(rounds):
+        r = one_run(sess, policy, True, steps, warmup, gpuguard_run=[],
+                    extra=["--instrumented"]).result("times")
+        out_ += r["seconds"]
+        in_ += r["instrumented"]
+        r = one_run(sess, policy, True, steps, warmup, gpuguard_run=["--no-torch"],
+                    extra=["--history"]).result("times")
+        off += r["seconds"]
+        on += r["history"]
+        allocs = r["allocs_per_step"]
+    def low(v):  # the 10th percentile: the steps the machine's own noise left alone
+        return sorted(v)[len(v) // 10]
+    med = statistics.median
+    ratio = low(in_) / low(out_)
+    added = (low(on) - low(off)) * 1e6  # us a step
+    print("gpuguard-run's instrumentation of the same step, %d runs, blocks of 10 steps in and out"
+          " (10th percentiles; medians after):" % rounds)
+    print("  %-34s %7.3f ms out, %.3f ms in: %+.1f us a step, %.3fx  <= %.2f  %s  "
+          "(medians %.3f, %.3f ms)" % (
+              "flat run (hook, backward wrapper)", low(out_) * 1e3, low(in_) * 1e3,
+              (low(in_) - low(out_)) * 1e6, ratio, TARGET, "PASS" if ratio <= TARGET else "MISS",
+              med(out_) * 1e3, med(in_) * 1e3))
+    print("  %-34s %7.3f ms off, %.3f ms on: %+.0f us a step, %.0f allocations a step: "
+          "%+.2f us an allocation  (medians %.3f, %.3f ms)" % (
+              "history on (a forecast's step)", low(off) * 1e3, low(on) * 1e3, added, allocs,
+              added / allocs if allocs else float("nan"), med(off) * 1e3, med(on) * 1e3))
 
 if __name__ == "__main__":
     sys.exit(main())

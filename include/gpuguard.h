@@ -56,6 +56,63 @@ struct gpuguard_policy {
     char file[4096];
 };
 
+
+/* One Python frame, innermost first where a list of them is passed. */
+struct gpuguard_pyframe {
+    const char *file;              /* the code's file */
+    const char *func;              /* its function (qualified name where known) */
+    int line;                      /* the line being run */
+};
+
+/* What the shim asks of PyTorch's instrumentation (gpuguard_torch_attach):
+ * PyTorch's view of its memory (why set), and/or its allocation history
+ * turned on or off. */
+struct gpuguard_torch_request {
+    unsigned seq;                  /* the request's number: the answer names it */
+    int dev;                       /* the device; -1 when only the history changes */
+    char why[16];                  /* near_miss, refused, oom, forecast, leak; "": history only */
+    unsigned long long request;    /* bytes of the allocation that came near or failed; 0: none */
+    int history;                   /* 1: turn allocation history on first; -1: off after the
+                                      view; 0: leave it */
+};
+
+/* The callback gpuguard_torch_attach registers. The shim calls it only in
+ * the main thread of the main Python interpreter, with the GIL held (a
+ * pending call, Py_AddPendingCall), never waits for it, and never after
+ * gpuguard_torch_detach. */
+typedef void (*gpuguard_torch_fn)(const struct gpuguard_torch_request *req);
+
+/* Live blocks of PyTorch's cache allocated from one Python line while its
+ * allocation history was on. */
+struct gpuguard_torch_tensor {
+    unsigned long long bytes;      /* what they hold */
+    unsigned long long count;      /* how many */
+    const char *op;                /* the op or module that allocated them, or NULL */
+    const struct gpuguard_pyframe *frames; /* their Python stack, innermost first */
+    int nframes;
+};
+
+/* PyTorch's caching allocator on one device, as the instrumentation read it
+ * (gpuguard_torch_view). Sizes in bytes. */
+struct gpuguard_torch_view {
+    unsigned seq;                  /* the request answered; 0: unasked (PyTorch's OOM observer) */
+    int dev;                       /* the device */
+    char why[16];                  /* "": the request's (unasked: the device's last failure) */
+    unsigned long long reserved;   /* memory_stats: reserved_bytes.all.current */
+    unsigned long long allocated;  /* allocated_bytes.all.current */
+    unsigned long long inactive_split; /* inactive_split_bytes.all.current */
+    unsigned long long largest_free;   /* the largest inactive block of the cache */
+    unsigned long long request;    /* the failed request's bytes (the OOM observer's); 0: the
+                                      request's, or unknown */
+    unsigned long long seg_small;  /* segments: the small pool's (2 MiB) */
+    unsigned long long seg_large;  /* the large pool's, under 1 GiB */
+    unsigned long long seg_huge;   /* the large pool's, 1 GiB or more */
+    unsigned long long seg_expandable; /* expandable segments */
+    int history;                   /* 1: allocation history was on: tensors[] follow */
+    int ntensors;                  /* at most 32, largest first */
+    const struct gpuguard_torch_tensor *tensors;
+};
+
 #ifdef GPUGUARD_SHIM
 
 /* 0 and *out filled, or -1: no such device, or the guard is not active. */
@@ -73,6 +130,17 @@ void gpuguard_step(unsigned long long step);
 /* 0 and *out filled with device dev's policy, or -1: no such device, or
  * the guard is not active. */
 int gpuguard_policy(int dev, struct gpuguard_policy *out);
+
+/* PyTorch's instrumentation registers fn (gpuguard.torch_instrument): 1 when
+ * the shim can ask it through the interpreter (Py_AddPendingCall found),
+ * else 0. Detach before the interpreter finalizes. */
+int gpuguard_torch_attach(gpuguard_torch_fn fn);
+void gpuguard_torch_detach(void);
+/* PyTorch's view of its memory: one `torch` journal line. */
+void gpuguard_torch_view(const struct gpuguard_torch_view *view);
+/* .backward() was called from these Python frames (innermost first) on
+ * thread `thread` (NULL: the calling thread's name): a `backward` line. */
+void gpuguard_backward(const struct gpuguard_pyframe *frames, int nframes, const char *thread);
 
 #else /* a trainer: find the preloaded shim's functions at run time */
 
@@ -194,6 +262,65 @@ static inline void gpuguard_step(unsigned long long step)
     if (p) {
         memcpy(&fn, &p, sizeof fn);
         fn(step);
+    }
+}
+
+/* PyTorch's instrumentation registers fn: 1 when the shim can ask it. */
+static inline int gpuguard_torch_attach(gpuguard_torch_fn fn)
+{
+    static void *slot;
+    int (*f)(gpuguard_torch_fn);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_torch_attach");
+    if (!p)
+        return 0;
+    memcpy(&f, &p, sizeof f);
+    return f(fn);
+}
+
+/* The shim calls the instrumentation no more. */
+static inline void gpuguard_torch_detach(void)
+{
+    static void *slot;
+    void (*f)(void);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_torch_detach");
+    if (p) {
+        memcpy(&f, &p, sizeof f);
+        f();
+    }
+}
+
+/* gpuguard_torch_view is named like its struct: see gpuguard_stats. */
+#if defined(__cplusplus) && defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wshadow"
+#endif
+
+/* PyTorch's view of its memory: one `torch` journal line. */
+static inline void gpuguard_torch_view(const struct gpuguard_torch_view *view)
+{
+    static void *slot;
+    void (*f)(const struct gpuguard_torch_view *);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_torch_view");
+    if (p) {
+        memcpy(&f, &p, sizeof f);
+        f(view);
+    }
+}
+
+#if defined(__cplusplus) && defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+/* .backward() was called from these Python frames: a `backward` line. */
+static inline void gpuguard_backward(const struct gpuguard_pyframe *frames, int nframes,
+                                     const char *thread)
+{
+    static void *slot;
+    void (*f)(const struct gpuguard_pyframe *, int, const char *);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_backward");
+    if (p) {
+        memcpy(&f, &p, sizeof f);
+        f(frames, nframes, thread);
     }
 }
 

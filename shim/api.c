@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "advice.h"
+#include "backward.h"
 #include "device.h"
 #include "events.h"
 #include "life.h"
@@ -10,6 +11,7 @@
 #include "ledger.h"
 #include "prim.h"
 #include "react.h"
+#include "torch.h"
 #include "trace.h"
 
 _Static_assert(sizeof(struct gpuguard_advice) == sizeof(struct gg_advice),
@@ -107,6 +109,40 @@ GG_EXPORT void gpuguard_note(const char *text)
         int was = gg_inside();
         gg_react_flush();
         gg_events_note(text);
+        gg_outside(was);
+    }
+}
+
+GG_EXPORT int gpuguard_torch_attach(gpuguard_torch_fn fn)
+{
+    int was = gg_inside();
+    bool can_ask = !gg_passing_through() && gg_torch_attach(fn);
+    gg_outside(was);
+    return can_ask ? 1 : 0;
+}
+
+GG_EXPORT void gpuguard_torch_detach(void)
+{
+    int was = gg_inside();
+    gg_torch_detach();
+    gg_outside(was);
+}
+
+GG_EXPORT void gpuguard_torch_view(const struct gpuguard_torch_view *view)
+{
+    if (view && gg_active()) {
+        int was = gg_inside();
+        gg_torch_answer(view);
+        gg_outside(was);
+    }
+}
+
+GG_EXPORT void gpuguard_backward(const struct gpuguard_pyframe *frames, int nframes,
+                                 const char *thread)
+{
+    if (gg_active()) {
+        int was = gg_inside();
+        gg_backward_call(frames, nframes, thread);
         gg_outside(was);
     }
 }

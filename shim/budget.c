@@ -9,7 +9,9 @@
 
 /* Per kind: the burst (lines at once) and the steady rate (lines a minute).
  * Incidents and advice carry stacks or matter one by one: a generous burst,
- * then one every 10 s. Samples are a timeline: four a second. Bytes per
+ * then one every 10 s. Samples are a timeline: four a second. PyTorch's
+ * views (torch) can carry 32 lines of tensors: a small burst; backward
+ * calls are thinned per call site first. Bytes per
  * hour at the steady rate, with the lines' usual sizes: incidents about
  * 1 MiB each kind, samples 1.3 MiB, the rest less. */
 static const struct {
@@ -28,6 +30,8 @@ static const struct {
     [GG_LINE_ARCH] = {"arch", 256, 60},
     [GG_LINE_ERROR] = {"error", 256, 10},
     [GG_LINE_MODE] = {"mode", 64, 6},
+    [GG_LINE_TORCH] = {"torch", 64, 6},
+    [GG_LINE_BACKWARD] = {"backward", 256, 6},
 };
 
 /* The theoretical arrival time of the next line (GCRA): a line may go when

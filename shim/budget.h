@@ -35,6 +35,8 @@ enum gg_line {
     GG_LINE_ARCH,
     GG_LINE_ERROR,
     GG_LINE_MODE,
+    GG_LINE_TORCH,
+    GG_LINE_BACKWARD,
     GG_LINES,
     GG_LINE_ALWAYS = GG_LINES /* never limited */
 };

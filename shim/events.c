@@ -395,6 +395,116 @@ void gg_events_problem(const char *fmt, ...)
     end(&j);
 }
 
+/* A string handed in through the C API, at most max bytes of it (cut at
+ * a character boundary): a journal line stays bounded whatever the caller. */
+static void api_str(struct gg_json *j, const char *s, size_t max)
+{
+    if (!s) {
+        gg_json_null(j);
+        return;
+    }
+    size_t n = strnlen(s, max + 1);
+    if (n > max) {
+        n = max;
+        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
+            n--;
+    }
+    gg_json_strn(j, s, n);
+}
+
+/* Python frames handed in through the C API, innermost first. */
+static void api_pyframes(struct gg_json *j, const struct gpuguard_pyframe *f, int n, int max)
+{
+    gg_json_arr(j);
+    for (int i = 0; f && i < n && i < max; i++) {
+        gg_json_obj(j);
+        gg_json_key(j, F(pyframe, file));
+        api_str(j, f[i].file ? f[i].file : "?", 1024);
+        gg_json_ki64(j, F(pyframe, line), f[i].line);
+        gg_json_key(j, F(pyframe, func));
+        api_str(j, f[i].func ? f[i].func : "?", 512);
+        gg_json_obj_end(j);
+    }
+    gg_json_arr_end(j);
+}
+
+void gg_events_torch(const struct gg_torch_event *e)
+{
+    struct gg_json j;
+    if (!begin(&j, 16384, EV(torch)))
+        return;
+    gg_json_ki64(&j, F(torch, dev), e->dev);
+    gg_json_kstr(&j, F(torch, why), e->why);
+    gg_json_key(&j, F(torch, step));
+    if (e->has_step)
+        gg_json_u64(&j, e->step);
+    else
+        gg_json_null(&j);
+    gg_json_ku64(&j, F(torch, reserved), e->reserved);
+    gg_json_ku64(&j, F(torch, allocated), e->allocated);
+    gg_json_ku64(&j, F(torch, unallocated),
+                 e->reserved > e->allocated ? e->reserved - e->allocated : 0);
+    gg_json_ku64(&j, F(torch, largest_free), e->largest_free);
+    gg_json_ku64(&j, F(torch, inactive_split), e->inactive_split);
+    gg_json_key(&j, F(torch, request));
+    if (e->has_request)
+        gg_json_u64(&j, e->request);
+    else
+        gg_json_null(&j);
+    gg_json_key(&j, F(torch, fits_unfragmented));
+    if (e->fits < 0)
+        gg_json_null(&j);
+    else
+        gg_json_bool(&j, e->fits != 0);
+    if (e->raised) {
+        gg_json_key(&j, F(torch, raised));
+        gg_json_bool(&j, true);
+    }
+    static const char *const classes[4] = {"small", "large", "huge", "expandable"};
+    gg_json_key(&j, F(torch, segments));
+    gg_json_obj(&j);
+    for (int k = 0; k < 4; k++)
+        gg_json_ku64(&j, classes[k], e->segments[k]);
+    gg_json_obj_end(&j);
+    if (e->history) {
+        gg_json_key(&j, F(torch, tensors));
+        gg_json_arr(&j);
+        for (int i = 0; e->tensors && i < e->ntensors; i++) {
+            const struct gpuguard_torch_tensor *t = &e->tensors[i];
+            gg_json_obj(&j);
+            gg_json_ku64(&j, F(torch, t_bytes), t->bytes);
+            gg_json_ku64(&j, F(torch, t_count), t->count);
+            gg_json_key(&j, F(torch, t_pystack));
+            api_pyframes(&j, t->frames, t->nframes, GG_TORCH_FRAMES);
+            gg_json_key(&j, F(torch, t_op));
+            api_str(&j, t->op, 256);
+            gg_json_obj_end(&j);
+        }
+        gg_json_arr_end(&j);
+    }
+    end(&j);
+}
+
+void gg_events_backward(double t, const char *thread, const struct gpuguard_pyframe *f, int n,
+                        bool has_step, uint64_t step, uint64_t count)
+{
+    struct gg_json j;
+    if (!gg_budget_take(event_info[EV(backward)].budget))
+        return;
+    open_line(&j, gg_side_push(4096), 4096, EV(backward), t);
+    gg_json_key(&j, F(backward, thread));
+    api_str(&j, thread ? thread : "?", 64);
+    gg_json_key(&j, F(backward, pystack));
+    api_pyframes(&j, f, n, GG_BACKWARD_FRAMES);
+    gg_json_key(&j, F(backward, step));
+    if (has_step)
+        gg_json_u64(&j, step);
+    else
+        gg_json_null(&j);
+    gg_json_ku64(&j, F(backward, count), count);
+    end(&j);
+}
+
 /* The codes of one kind, oldest arch first, as a JSON array of names. */
 static void arch_codes(struct gg_json *j, const char *key, const struct gg_fatbin *fb, int kind)
 {

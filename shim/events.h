@@ -49,6 +49,32 @@ struct gg_arch_event {
     uint64_t read_us;
 };
 void gg_events_arch(const struct gg_arch_event *e);
+/* torch: PyTorch's caching allocator on a device (torch.c). */
+#define GG_TORCH_TENSORS 32  /* lines of tensors in a `torch` line, at most */
+#define GG_TORCH_FRAMES 16   /* Python frames per line of tensors, at most */
+#define GG_BACKWARD_FRAMES 8 /* Python frames of a `backward` line, at most */
+struct gpuguard_torch_tensor;
+struct gpuguard_pyframe;
+struct gg_torch_event {
+    int dev;
+    const char *why;          /* refused, oom, near_miss, forecast, leak */
+    bool has_step;
+    uint64_t step;
+    uint64_t reserved, allocated, largest_free, inactive_split;
+    bool has_request;
+    uint64_t request;
+    int fits;                 /* fits_unfragmented: 1, 0, or -1 (null) */
+    bool raised;              /* PyTorch's OOM observer answered: it raised OutOfMemoryError */
+    uint64_t segments[4];     /* small, large, huge, expandable */
+    bool history;             /* tensors[ntensors] follow */
+    int ntensors;
+    const struct gpuguard_torch_tensor *tensors;
+};
+void gg_events_torch(const struct gg_torch_event *e);
+/* backward: .backward() called from frames f[0..n) (innermost first) on
+ * thread `thread`, at t (seconds since the start: the call's moment). */
+void gg_events_backward(double t, const char *thread, const struct gpuguard_pyframe *f, int n,
+                        bool has_step, uint64_t step, uint64_t count);
 /* error, in the journal only: a problem that is not the user's input (a
  * library's unreadable device code), not worth the host's stderr. */
 void gg_events_problem(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

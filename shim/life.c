@@ -14,6 +14,7 @@
 
 #include "advice.h"
 #include "arch.h"
+#include "backward.h"
 #include "device.h"
 #include "events.h"
 #include "guard.h"
@@ -30,6 +31,7 @@
 #include "steps.h"
 #include "symbolize.h"
 #include "ticker.h"
+#include "torch.h"
 #include "trace.h"
 
 _Atomic int gg_state = GG_STATE_UNSTARTED;
@@ -153,6 +155,7 @@ static void child_after_fork(void)
     gg_sites_after_fork();
     gg_stack_after_fork();
     gg_steps_after_fork();
+    gg_backward_after_fork();
     gg_py_after_fork();
     gg_elfsym_after_fork();
     gg_maps_after_fork();
@@ -317,6 +320,7 @@ void gg_life_step(uint64_t step)
 {
     if (!gg_active())
         return;
+    gg_torch_boundary(step); /* before the forecasts: history of the step that ended goes off */
     for (int i = 0; i < gg_device_count; i++) {
         struct gg_device *d = gg_device(i);
         struct gg_step_verdict v;

@@ -2,12 +2,14 @@
 #include "react.h"
 
 #include "advice.h"
+#include "backward.h"
 #include "budget.h"
 #include "device.h"
 #include "events.h"
 #include "prim.h"
 #include "pyframes.h"
 #include "steps.h"
+#include "torch.h"
 
 /* ---- the timeline ------------------------------------------------------------- */
 
@@ -177,11 +179,14 @@ GG_COLD void gg_react(const struct gg_call *c, const struct gg_verdict *v)
         [GG_INCIDENT_NEAR_MISS] = GG_LINE_NEAR_MISS, [GG_INCIDENT_REFUSED] = GG_LINE_REFUSED,
         [GG_INCIDENT_OOM] = GG_LINE_OOM};
     if (v->incident != GG_INCIDENT_NONE) {
-        if (v->journal)
+        if (v->journal) {
+            gg_backward_flush(); /* the .backward() running now, if its line was left out */
             gg_events_incident(c, v); /* the timeline stays the tick's: not on this path */
-        else
+        } else {
             gg_budget_suppress(line[v->incident]);
+        }
         advise(c->dev, reason[v->incident], NULL);
+        gg_torch_incident(c->dev, v->incident, c->bytes); /* PyTorch's view, asked for */
     }
     sample(v);
 }
@@ -196,10 +201,14 @@ void gg_react_step(int dev, uint64_t step, const struct gg_step_verdict *v)
     timeline_all();
     if (v->journal)
         gg_events_step(dev, step, v);
-    if (v->forecast)
+    if (v->forecast) {
         advise(dev, GG_REASON_FORECAST, v);
-    if (v->leak)
+        gg_torch_forecast(dev, v->fc_step); /* PyTorch's history for the step it names */
+    }
+    if (v->leak) {
         gg_events_leak(dev, step, v);
+        gg_torch_leak(dev, step); /* the tensors that outlive a step, by line */
+    }
 }
 
 void gg_react_registered(uint64_t switched)

@@ -97,7 +97,12 @@ class Session:
         shutil.copytree(os.path.join(ROOT, "policy"), os.path.join(self.host_dir, "policy"))
         shutil.copytree(os.path.join(ROOT, "tools", "demo"), os.path.join(self.host_dir, "demo"),
                         ignore=shutil.ignore_patterns("__pycache__"))
+        # gpuguard-run beside lib/ and python/, as in the source tree's layout
+        os.makedirs(os.path.join(self.host_dir, "bin"))
+        shutil.copy2(os.path.join(ROOT, "tools", "bin", "gpuguard-run"),
+                     os.path.join(self.host_dir, "bin", "gpuguard-run"))
         self.shim = self.dir + "/lib/libgpuguard.so"
+        self.gpuguard_run = self.dir + "/bin/gpuguard-run"
         atexit.register(shutil.rmtree, self.host_dir, True)
 
     def inside(self, host_path):
@@ -148,11 +153,17 @@ class Run:
         return s[0]["devices"][dev]
 
 
-def command(argv, inner_dir, preload=True, devices=RTX3090, policy=None, env=None, trace=False):
+def command(argv, inner_dir, preload=True, devices=RTX3090, policy=None, env=None, trace=False,
+            gpuguard_run=None):
     """The host command that runs argv (the chroot's paths) in the rig, in
     inner_dir (the chroot's name for a directory under the rig), with the
-    fakes in front and, when preload, the shim: the session's own files."""
+    fakes in front and, when preload, the shim: the session's own files.
+    gpuguard_run (a list of its options, [] for none): through the session's
+    gpuguard-run instead, which preloads the shim and instruments Python."""
     s = session()
+    if gpuguard_run is not None:
+        preload = False
+        argv = [s.gpuguard_run] + list(gpuguard_run) + ["--"] + list(argv)
     e = {
         "PATH": "/usr/bin:/bin",
         "HOME": inner_dir,

@@ -51,6 +51,12 @@ NOTE_LIMIT = 8192
 
 _INERT_MESSAGE = "gpuguard: libgpuguard.so is not preloaded; the guard is inert"
 
+#: True once an active Guard exists in this process: its batch boundaries
+#: are the steps the shim hears of (gpuguard_step), and gpuguard-run's
+#: instrumentation (torch_instrument) stops telling the optimizer's: never
+#: both.
+_helper_steps = False
+
 
 class GpuguardWarning(RuntimeWarning):
     """Raised (as a warning) when the guard cannot do its job."""
@@ -303,6 +309,8 @@ class Guard(object):
             warnings.warn(_INERT_MESSAGE, GpuguardWarning, stacklevel=2)
             return
         self._native.set_batch(self._batch, self._accum)
+        global _helper_steps
+        _helper_steps = True  # the helper's boundaries win over the optimizer hook's
         if isinstance(signal, _DefaultSignal):
             sig = _default_signal()
         else:

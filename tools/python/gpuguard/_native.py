@@ -2,7 +2,8 @@
 
 The shim exports five functions (include/gpuguard.h) that every version has
 (FUNCTIONS) and, in newer versions, more (OPTIONAL: ``gpuguard_step``,
-``gpuguard_policy``). When
+``gpuguard_policy``, and the torch instrumentation's ``gpuguard_torch_*`` and
+``gpuguard_backward`` with their structures). When
 it is preloaded they are in the process's global scope and
 ``ctypes.CDLL(None)`` finds them; when it is not, the lookup fails and the
 helper stays inert. A shim without an optional function is still the shim:
@@ -20,15 +21,17 @@ ctypes pointers). ``set_library(None)`` makes the shim look absent;
 import ctypes
 
 __all__ = [
-    "GpuguardStats", "GpuguardAdvice", "GpuguardPolicy", "Native", "FUNCTIONS",
-    "OPTIONAL", "load", "set_library", "reset_library",
+    "GpuguardStats", "GpuguardAdvice", "GpuguardPolicy", "PyFrame", "TorchRequest",
+    "TorchTensor", "TorchView", "TORCH_FN", "Native", "FUNCTIONS", "OPTIONAL", "load",
+    "set_library", "reset_library",
 ]
 
 FUNCTIONS = ("gpuguard_stats", "gpuguard_advice", "gpuguard_ack",
              "gpuguard_set_batch", "gpuguard_note")
 
 #: Functions of newer shims; an older shim without them is still the shim.
-OPTIONAL = ("gpuguard_step", "gpuguard_policy")
+OPTIONAL = ("gpuguard_step", "gpuguard_policy", "gpuguard_torch_attach",
+            "gpuguard_torch_detach", "gpuguard_torch_view", "gpuguard_backward")
 
 
 class GpuguardStats(ctypes.Structure):
@@ -72,6 +75,62 @@ class GpuguardPolicy(ctypes.Structure):
     ]
 
 
+class PyFrame(ctypes.Structure):
+    """struct gpuguard_pyframe: one Python frame."""
+    _fields_ = [
+        ("file", ctypes.c_char_p),
+        ("func", ctypes.c_char_p),
+        ("line", ctypes.c_int),
+    ]
+
+
+class TorchRequest(ctypes.Structure):
+    """struct gpuguard_torch_request: what the shim asks of the
+    instrumentation (gpuguard.torch_instrument)."""
+    _fields_ = [
+        ("seq", ctypes.c_uint),
+        ("dev", ctypes.c_int),
+        ("why", ctypes.c_char * 16),
+        ("request", ctypes.c_ulonglong),
+        ("history", ctypes.c_int),
+    ]
+
+
+class TorchTensor(ctypes.Structure):
+    """struct gpuguard_torch_tensor: live blocks allocated from one line."""
+    _fields_ = [
+        ("bytes", ctypes.c_ulonglong),
+        ("count", ctypes.c_ulonglong),
+        ("op", ctypes.c_char_p),
+        ("frames", ctypes.POINTER(PyFrame)),
+        ("nframes", ctypes.c_int),
+    ]
+
+
+class TorchView(ctypes.Structure):
+    """struct gpuguard_torch_view: PyTorch's caching allocator on a device."""
+    _fields_ = [
+        ("seq", ctypes.c_uint),
+        ("dev", ctypes.c_int),
+        ("why", ctypes.c_char * 16),
+        ("reserved", ctypes.c_ulonglong),
+        ("allocated", ctypes.c_ulonglong),
+        ("inactive_split", ctypes.c_ulonglong),
+        ("largest_free", ctypes.c_ulonglong),
+        ("request", ctypes.c_ulonglong),
+        ("seg_small", ctypes.c_ulonglong),
+        ("seg_large", ctypes.c_ulonglong),
+        ("seg_huge", ctypes.c_ulonglong),
+        ("seg_expandable", ctypes.c_ulonglong),
+        ("history", ctypes.c_int),
+        ("ntensors", ctypes.c_int),
+        ("tensors", ctypes.POINTER(TorchTensor)),
+    ]
+
+
+#: gpuguard_torch_fn: void (*)(const struct gpuguard_torch_request *)
+TORCH_FN = ctypes.CFUNCTYPE(None, ctypes.POINTER(TorchRequest))
+
 # (restype, argtypes) of each function, as in gpuguard.h.
 _SIGNATURES = {
     "gpuguard_stats": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(GpuguardStats)]),
@@ -81,6 +140,10 @@ _SIGNATURES = {
     "gpuguard_note": (None, [ctypes.c_char_p]),
     "gpuguard_step": (None, [ctypes.c_ulonglong]),
     "gpuguard_policy": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(GpuguardPolicy)]),
+    "gpuguard_torch_attach": (ctypes.c_int, [TORCH_FN]),
+    "gpuguard_torch_detach": (None, []),
+    "gpuguard_torch_view": (None, [ctypes.POINTER(TorchView)]),
+    "gpuguard_backward": (None, [ctypes.POINTER(PyFrame), ctypes.c_int, ctypes.c_char_p]),
 }
 
 STATS_FIELDS = tuple(name for name, _ in GpuguardStats._fields_)
@@ -162,6 +225,12 @@ class Native(object):
             return False
         fn(max(0, int(step)) & 0xFFFFFFFFFFFFFFFF)
         return True
+
+    def function(self, name):
+        """The library's function `name` with its signature declared, or
+        None when this shim does not have it (the torch instrumentation
+        calls gpuguard_torch_* and gpuguard_backward through these)."""
+        return self._fn.get(name)
 
     def policy(self, dev=0):
         """Device dev's policy's [trainer] keys and file as a dict, or None

@@ -1,0 +1,342 @@
+/* torch.c - layer 4: PyTorch's view, asked for and journaled (see torch.h). */
+#include "torch.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "device.h"
+#include "events.h"
+#include "guard.h"
+#include "prim.h"
+#include "pycall.h"
+
+/* What is wanted of a device, by kind; the order the callbacks go in. */
+enum kind { K_FORECAST, K_NEAR, K_REFUSED, K_OOM, K_LEAK, K_KINDS };
+static const char *const kind_name[K_KINDS] = {"forecast", "near_miss", "refused", "oom", "leak"};
+
+static struct want {
+    _Atomic uint32_t kinds;            /* a bit per kind */
+    _Atomic uint64_t bytes[K_KINDS];   /* the request, per kind (0: none) */
+    _Atomic uint64_t step2[K_KINDS];   /* the step in progress + 1 when asked (0: none) */
+} wants[GG_MAX_DEVICES];
+
+static _Atomic(gpuguard_torch_fn) callback;
+static _Atomic bool scheduled;          /* a pending call is queued */
+static _Atomic unsigned next_seq;
+
+/* Steps: the last boundary's step + 2 (0: none yet), and an epoch that
+ * moves at every boundary, for "the first near miss of a step". */
+static _Atomic uint64_t last_step2;
+static _Atomic uint64_t epoch = 1;
+static _Atomic uint64_t near_asked[GG_MAX_DEVICES];  /* the epoch whose first near miss asked */
+static _Atomic uint32_t last_failure[GG_MAX_DEVICES]; /* kind + 1 of the device's last failure */
+
+/* PyTorch's allocation history: wanted on until the boundary of step
+ * history_until; what the instrumentation was last told. */
+static _Atomic bool history_want, history_told;
+static _Atomic uint64_t history_until;
+
+/* A leak's survivors: the boundary (step + 1; 0: none) at which a device's
+ * leak view is due, once history (on for the step after the leak was said)
+ * is off again: the blocks that still carry their Python stacks then are
+ * that step's tensors that outlived the next. */
+static _Atomic uint64_t leak_due1[GG_MAX_DEVICES];
+
+/* The requests handed out lately, for their answers. */
+#define ISSUED 16
+static struct issued {
+    unsigned seq;
+    int dev;
+    uint8_t kind;
+    uint64_t bytes, step2;
+} issued[ISSUED];
+static gg_spin issued_lock = GG_SPIN_INIT;
+
+static int kind_of_incident(int incident)
+{
+    switch (incident) {
+    case GG_INCIDENT_NEAR_MISS: return K_NEAR;
+    case GG_INCIDENT_REFUSED: return K_REFUSED;
+    case GG_INCIDENT_OOM: return K_OOM;
+    default: return -1;
+    }
+}
+
+static void schedule(void)
+{
+    if (atomic_exchange(&scheduled, true))
+        return; /* one queued already: it takes everything wanted when it runs */
+    if (!gg_pycall_add(gg_torch_pending, NULL))
+        atomic_store(&scheduled, false);
+}
+
+static void want(int dev, int kind, uint64_t bytes)
+{
+    struct want *w = &wants[dev];
+    atomic_store_explicit(&w->bytes[kind], bytes, memory_order_relaxed);
+    atomic_store_explicit(&w->step2[kind], atomic_load(&last_step2), memory_order_relaxed);
+    atomic_fetch_or(&w->kinds, 1u << kind); /* release: the fields above go with it */
+    schedule();
+}
+
+/* A forked child: a lock a parent thread held is free, and no call is
+ * queued in the child's interpreter on the shim's behalf that it knows of. */
+static void child_after_fork(void)
+{
+    gg_spin_reset(&issued_lock);
+    atomic_store(&scheduled, false);
+}
+
+bool gg_torch_attach(gpuguard_torch_fn fn)
+{
+    static _Atomic bool fork_handler;
+    if (!fn)
+        return false;
+    if (!atomic_exchange(&fork_handler, true))
+        pthread_atfork(NULL, NULL, child_after_fork);
+    bool can_ask = gg_pycall_open();
+    atomic_store(&callback, fn);
+    return can_ask;
+}
+
+void gg_torch_detach(void)
+{
+    gg_pycall_close(); /* no call is queued after this */
+    atomic_store(&callback, NULL);
+}
+
+bool gg_torch_attached(void)
+{
+    return atomic_load_explicit(&callback, memory_order_relaxed) != NULL;
+}
+
+void gg_torch_incident(int dev, int incident, uint64_t bytes)
+{
+    int kind = kind_of_incident(incident);
+    if ((unsigned)dev >= GG_MAX_DEVICES || kind < 0)
+        return;
+    if (kind != K_NEAR)
+        atomic_store_explicit(&last_failure[dev], (uint32_t)kind + 1, memory_order_relaxed);
+    if (!atomic_load_explicit(&callback, memory_order_relaxed))
+        return;
+    if (kind == K_NEAR) { /* the first of the step only */
+        uint64_t now = atomic_load(&epoch), was = atomic_load(&near_asked[dev]);
+        if (was == now || !atomic_compare_exchange_strong(&near_asked[dev], &was, now))
+            return;
+    }
+    want(dev, kind, bytes);
+}
+
+void gg_torch_boundary(uint64_t step)
+{
+    atomic_store(&last_step2, step + 2);
+    atomic_fetch_add(&epoch, 1);
+    if (atomic_load(&history_want) && step >= atomic_load(&history_until)) {
+        atomic_store(&history_want, false);
+        if (atomic_load(&history_told) && atomic_load_explicit(&callback, memory_order_relaxed))
+            schedule();
+    }
+    if (atomic_load(&history_want) || !atomic_load_explicit(&callback, memory_order_relaxed))
+        return; /* a leak's view waits for history to be off */
+    for (int dev = 0; dev < GG_MAX_DEVICES; dev++) {
+        uint64_t due1 = atomic_load_explicit(&leak_due1[dev], memory_order_relaxed);
+        if (due1 && step + 1 >= due1 && atomic_compare_exchange_strong(&leak_due1[dev], &due1, 0))
+            want(dev, K_LEAK, 0);
+    }
+}
+
+void gg_torch_forecast(int dev, uint64_t fc_step)
+{
+    if ((unsigned)dev >= GG_MAX_DEVICES || !atomic_load(&callback))
+        return;
+    gg_atomic_max(&history_until, fc_step);
+    atomic_store(&history_want, true);
+    want(dev, K_FORECAST, 0);
+}
+
+void gg_torch_leak(int dev, uint64_t step)
+{
+    uint64_t none = 0;
+    if ((unsigned)dev >= GG_MAX_DEVICES || !atomic_load(&callback) ||
+        !atomic_compare_exchange_strong(&leak_due1[dev], &none, step + 2 + 1))
+        return; /* one at a time per device */
+    gg_atomic_max(&history_until, step + 1);
+    atomic_store(&history_want, true);
+    schedule(); /* history on now, for step + 1 */
+}
+
+bool gg_torch_step(uint64_t *step)
+{
+    uint64_t s2 = atomic_load_explicit(&last_step2, memory_order_relaxed);
+    if (!s2)
+        return false;
+    *step = s2 - 1;
+    return true;
+}
+
+/* ---- the call in the main thread ------------------------------------------------- */
+
+static void call(gpuguard_torch_fn fn, int dev, int kind, int history)
+{
+    struct gpuguard_torch_request r;
+    memset(&r, 0, sizeof r);
+    r.seq = atomic_fetch_add(&next_seq, 1) + 1;
+    if (!r.seq)
+        r.seq = atomic_fetch_add(&next_seq, 1) + 1; /* 0 means unasked */
+    r.dev = dev;
+    r.history = history;
+    if (kind >= 0) {
+        struct want *w = &wants[dev];
+        snprintf(r.why, sizeof r.why, "%s", kind_name[kind]);
+        r.request = atomic_load_explicit(&w->bytes[kind], memory_order_relaxed);
+        if (gg_spin_trylock(&issued_lock, 100000)) {
+            issued[r.seq % ISSUED] = (struct issued){
+                r.seq, dev, (uint8_t)kind, r.request,
+                atomic_load_explicit(&w->step2[kind], memory_order_relaxed)};
+            gg_spin_unlock(&issued_lock);
+        }
+    }
+    fn(&r);
+}
+
+/* The history change due now: +1 on, -1 off, 0 none. */
+static int history_change(void)
+{
+    bool w = atomic_load(&history_want);
+    if (w == atomic_load(&history_told))
+        return 0;
+    atomic_store(&history_told, w);
+    return w ? 1 : -1;
+}
+
+int gg_torch_pending(void *arg)
+{
+    (void)arg;
+    atomic_store(&scheduled, false); /* what is wanted from here on asks again */
+    gpuguard_torch_fn fn = atomic_load(&callback);
+    if (!fn)
+        return 0;
+    struct { uint8_t dev, kind; } todo[GG_MAX_DEVICES * K_KINDS];
+    int n = 0;
+    for (int dev = 0; dev < GG_MAX_DEVICES; dev++) {
+        uint32_t kinds = atomic_exchange(&wants[dev].kinds, 0);
+        for (int k = 0; kinds && k < K_KINDS; k++)
+            if (kinds & (1u << k))
+                todo[n++] = (__typeof__(todo[0])){(uint8_t)dev, (uint8_t)k};
+    }
+    /* History goes on before the first view (a forecast's view sees it on)
+     * and off after the last (a near miss at the end of the step keeps its
+     * tensors). */
+    int history = history_change();
+    if (!n && history)
+        call(fn, -1, -1, history);
+    for (int i = 0; i < n; i++) {
+        int h = (history > 0 && i == 0) || (history < 0 && i == n - 1) ? history : 0;
+        call(fn, todo[i].dev, todo[i].kind, h);
+    }
+    return 0; /* never an exception into the program */
+}
+
+/* ---- the answer -------------------------------------------------------------------- */
+
+static int kind_of_name(const char *why, size_t cap)
+{
+    for (int k = 0; k < K_KINDS; k++)
+        if (strncmp(why, kind_name[k], cap) == 0)
+            return k;
+    return -1;
+}
+
+/* What the device has free outside PyTorch's cache: up to the line the
+ * guard refuses at when it enforces, up to the device's memory when not. */
+static uint64_t free_outside(int dev)
+{
+    const struct gg_device *d = gg_device(dev);
+    if (!d || !d->total)
+        return 0;
+    uint64_t line = atomic_load(&d->enforcing) ? d->limit : d->total, used = gg_device_estimate(d);
+    return line > used ? line - used : 0;
+}
+
+void gg_torch_answer(const struct gpuguard_torch_view *v)
+{
+    if (!v || (unsigned)v->dev >= GG_MAX_DEVICES)
+        return;
+    struct gg_torch_event e;
+    memset(&e, 0, sizeof e);
+    e.dev = v->dev;
+    int kind = kind_of_name(v->why, sizeof v->why);
+    uint64_t step2 = 0, asked_bytes = 0;
+    bool found = false;
+    if (v->seq && gg_spin_trylock(&issued_lock, 100000)) {
+        const struct issued *is = &issued[v->seq % ISSUED];
+        if (is->seq == v->seq && is->dev == v->dev) {
+            found = true;
+            step2 = is->step2;
+            asked_bytes = is->bytes;
+            if (kind < 0)
+                kind = is->kind;
+        }
+        gg_spin_unlock(&issued_lock);
+    }
+    if (!found)
+        step2 = atomic_load(&last_step2);
+    if (!v->seq) {
+        /* Unasked: PyTorch's OOM observer. A refusal of the guard's, or the
+         * real allocator's failure: the device's last one says which. */
+        uint32_t last = atomic_load_explicit(&last_failure[v->dev], memory_order_relaxed);
+        if (kind < 0)
+            kind = last ? (int)last - 1 : K_OOM;
+        if (kind == K_REFUSED || kind == K_OOM) /* the request it settles */
+            atomic_fetch_and(&wants[v->dev].kinds, ~((1u << K_REFUSED) | (1u << K_OOM)));
+    }
+    if (kind < 0)
+        return; /* an answer to nothing we know */
+    e.why = kind_name[kind];
+    e.raised = !v->seq && (kind == K_REFUSED || kind == K_OOM);
+    e.has_step = step2 != 0;
+    e.step = step2 ? step2 - 1 : 0;
+    e.reserved = v->reserved;
+    e.allocated = v->allocated;
+    e.largest_free = v->largest_free;
+    e.inactive_split = v->inactive_split;
+    e.request = v->request ? v->request : asked_bytes;
+    e.has_request = e.request != 0;
+    e.fits = -1;
+    if (e.has_request) {
+        uint64_t unallocated = v->reserved > v->allocated ? v->reserved - v->allocated : 0;
+        e.fits = e.request > v->largest_free && e.request <= unallocated + free_outside(v->dev);
+    }
+    e.segments[0] = v->seg_small;
+    e.segments[1] = v->seg_large;
+    e.segments[2] = v->seg_huge;
+    e.segments[3] = v->seg_expandable;
+    e.history = v->history == 1 || kind == K_LEAK;
+    if (e.history) {
+        e.ntensors = v->tensors && v->ntensors > 0 ? v->ntensors : 0;
+        if (e.ntensors > GG_TORCH_TENSORS)
+            e.ntensors = GG_TORCH_TENSORS;
+        e.tensors = v->tensors;
+    }
+    gg_events_torch(&e);
+}
+
+void gg_torch_reset(void)
+{
+    for (int i = 0; i < GG_MAX_DEVICES; i++) {
+        atomic_store(&wants[i].kinds, 0);
+        atomic_store(&near_asked[i], 0);
+        atomic_store(&last_failure[i], 0);
+        atomic_store(&leak_due1[i], 0);
+    }
+    atomic_store(&callback, NULL);
+    atomic_store(&scheduled, false);
+    atomic_store(&last_step2, 0);
+    atomic_store(&epoch, 1);
+    atomic_store(&history_want, false);
+    atomic_store(&history_told, false);
+    atomic_store(&history_until, 0);
+    gg_spin_reset(&issued_lock);
+    memset(issued, 0, sizeof issued);
+}

@@ -1,0 +1,532 @@
+"""PyTorch, instrumented without a code change (docs/trainer.md, "Without a
+code change: gpuguard-run instruments PyTorch").
+
+gpuguard-run's sitecustomize (gpuguard/_site) calls ``install(torch)`` once
+the program has imported torch. In a process where libgpuguard.so is
+preloaded (``ctypes.CDLL(None)`` has its functions) it installs:
+
+- **steps**: a global optimizer step post hook
+  (``torch.optim.optimizer.register_optimizer_step_post_hook``) tells the
+  shim each step (``gpuguard_step``), counting the steps of the first
+  optimizer that steps (one per iteration when a script has several: a GAN's
+  two, a model's per-group optimizers); none while a ``gpuguard.Guard``
+  exists, whose batch boundaries are the steps then (never both);
+- **PyTorch's view of its memory**, asked for by the shim: a callback the
+  shim calls in the main thread through ``Py_AddPendingCall``
+  (``gpuguard_torch_attach``) reads ``torch.cuda.memory_stats`` and
+  ``torch.cuda.memory._snapshot`` and hands the figures back
+  (``gpuguard_torch_view``): a ``torch`` journal line. PyTorch's OOM observer
+  (``torch._C._cuda_attach_out_of_memory_observer``, attached when CUDA
+  initializes, since attaching initializes it) answers at every OOM its
+  allocator raises, a refusal of gpuguard's included;
+- **the tensors of the step that would overflow**: when the shim's forecast
+  names a step, PyTorch's allocation history is on for that step only
+  (``_record_memory_history("state", context="alloc", stacks="python")``:
+  the stacks of live blocks, no event trace), and a view taken meanwhile
+  carries the live blocks allocated since, by Python line;
+- **a leak's tensors**: when the shim says a leak at step S, history is on
+  for step S + 1 only; at the end of step S + 2 the live blocks that still
+  carry their Python stacks are what step S + 1 allocated and kept, by line;
+- **where backward starts**: ``torch.autograd.backward`` (which
+  ``Tensor.backward`` calls) is wrapped to hand the caller's Python frames
+  to the shim (``gpuguard_backward``) before the engine runs.
+
+It never raises into the program (every hook swallows its own errors),
+never changes what the program computes (it only reads PyTorch's allocator,
+and turns its allocation history on for one step and off again, unless the
+program had turned it on itself), never blocks (it holds no lock of its own
+while PyTorch runs) and never imports torch: ``install`` is handed the module
+the program imported. Standard library only.
+"""
+import atexit
+import functools
+import os
+import sys
+import threading
+import weakref
+
+from . import _native
+
+__all__ = ["install", "STATE", "HISTORY_MAX_ENTRIES", "TENSORS_MAX", "FRAMES_MAX"]
+
+#: The one instrumentation of this process (None: not installed).
+STATE = None
+
+#: The alloc/free events PyTorch's history keeps, at most (a ring: the
+#: latest), while it is on for a forecast's step: about 21 000 allocations.
+HISTORY_MAX_ENTRIES = 65536
+#: Lines of tensors per view, and Python frames per line (the shim's bounds).
+TENSORS_MAX = 32
+FRAMES_MAX = 16
+#: Python frames of a backward call.
+BACKWARD_FRAMES = 8
+#: Unasked views (PyTorch's OOM observer) are thinned like the shim's
+#: incidents: the first 8, then the 16th, 32nd, ...
+OBSERVER_ALWAYS = 8
+
+GiB = 1 << 30
+_CODES_MAX = 4096
+#: nn.Module's call plumbing: never the op.
+_PLUMBING = ("_call_impl", "_wrapped_call_impl")
+
+
+def _on(name):
+    return os.environ.get(name, "").strip().lower() in ("1", "yes", "true", "on")
+
+
+def _wanted():
+    return _on("GPUGUARD_TORCH") and os.environ.get("GPUGUARD_MODE", "").strip().lower() != "off"
+
+
+def install(torch):
+    """Instrument `torch` (the module the program imported) when
+    GPUGUARD_TORCH asks for it and libgpuguard.so is preloaded; the
+    instrumentation, or None. Once per process; never raises."""
+    global STATE
+    try:
+        if STATE is not None:
+            return STATE
+        if torch is None or not _wanted():
+            return None
+        native = _native.load()
+        if native is None or not native.has("gpuguard_torch_view"):
+            return None
+        inst = _Instrument(torch, native)
+        STATE = inst
+        inst.start()
+        return inst
+    except Exception:
+        return None
+
+
+def _thin(n):
+    return n <= OBSERVER_ALWAYS or (n & (n - 1)) == 0
+
+
+def _utf8(text, limit):
+    return str(text)[:limit].encode("utf-8", "replace")
+
+
+class _Instrument(object):
+    def __init__(self, torch, native):
+        self.torch = torch
+        self.native = native
+        self.fn_step = native.function("gpuguard_step")
+        self.fn_view = native.function("gpuguard_torch_view")
+        self.fn_backward = native.function("gpuguard_backward")
+        self.fn_attach = native.function("gpuguard_torch_attach")
+        self.fn_detach = native.function("gpuguard_torch_detach")
+        self.pkg = sys.modules.get(__package__)       # gpuguard: the helper's flag
+        self.torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+        self.own_dir = os.path.dirname(os.path.abspath(__file__)) + os.sep
+        #: Steps told to the shim by the optimizer hook.
+        self.steps = 0
+        self._clock = None                 # weakref of the optimizer whose steps count
+        #: PyTorch's allocation history: on (by us), and how many times it was.
+        self.history = False
+        self.history_turns = 0
+        self.user_history = False          # the program turned it on itself
+        #: Views handed to the shim, and OOMs PyTorch's observer saw.
+        self.views = 0
+        self.ooms = 0
+        self.observer = False
+        self.can_ask = False
+        self.backwards = 0
+        self._callback = None              # the ctypes callback, alive for the process's life
+        #: The frames of the latest .backward() call, innermost first, as
+        #: snapshot frames ({filename, line, name}): what autograd's threads
+        #: allocate is theirs.
+        self.last_backward = []
+        self._codes = {}                   # code -> (file, func, skip) for backward's frames
+        self._sites = {}                   # ((code, line), ...) -> a backward call site's frames
+        self._threads = weakref.WeakKeyDictionary()  # thread -> its name, as bytes
+        self._attached = False
+
+    # --- installing ------------------------------------------------------------
+
+    def start(self):
+        # torch.optim deletes its submodules' names: the module itself, as
+        # torch's import left it in sys.modules (importing it again is free).
+        optim = sys.modules.get("torch.optim.optimizer")
+        if optim is None and hasattr(self.torch, "optim"):
+            import importlib
+            optim = importlib.import_module("torch.optim.optimizer")
+        register = getattr(optim, "register_optimizer_step_post_hook", None)
+        if register is not None and self.fn_step is not None:
+            register(self._on_step)
+        self._wrap_backward()
+        if self.fn_attach is not None:
+            self._callback = _native.TORCH_FN(self._on_request)
+            self.can_ask = bool(self.fn_attach(self._callback))
+            self._attached = True
+            atexit.register(self.detach)
+        self._observe_when_cuda_starts()
+
+    def detach(self):
+        """No call from the shim from now on (at exit: before the
+        interpreter finalizes)."""
+        if self._attached and self.fn_detach is not None:
+            self._attached = False
+            try:
+                self.fn_detach()
+            except Exception:
+                pass
+
+    def _observe_when_cuda_starts(self):
+        """PyTorch's OOM observer, attached once CUDA is initialized:
+        attaching initializes CUDA, which a program that never uses it must
+        not pay (nor a forked child, where CUDA cannot start)."""
+        cuda = getattr(self.torch, "cuda", None)
+        if cuda is None:
+            return
+        if cuda.is_initialized():
+            self._attach_observer()
+            return
+        queued = getattr(cuda, "_queued_calls", None)
+        if isinstance(queued, list):  # what torch.cuda._lazy_call does, without its traceback
+            queued.append((self._attach_observer, []))
+        else:
+            cuda._lazy_call(self._attach_observer)
+
+    def _attach_observer(self):
+        try:
+            attach = getattr(self.torch._C, "_cuda_attach_out_of_memory_observer", None)
+            if attach is not None and not self.observer:
+                attach(self._on_oom)
+                self.observer = True
+        except Exception:
+            pass  # a backend without observers (cudaMallocAsync): the shim's requests remain
+
+    def _wrap_backward(self):
+        autograd = getattr(self.torch, "autograd", None)
+        original = getattr(autograd, "backward", None)
+        if original is None or self.fn_backward is None or \
+                getattr(original, "_gpuguard_original", None) is not None:
+            return
+        on_backward = self._on_backward
+
+        def backward(*args, **kwargs):
+            on_backward()
+            return original(*args, **kwargs)
+        functools.update_wrapper(backward, original)
+        backward._gpuguard_original = original
+        autograd.backward = backward
+
+    # --- steps -------------------------------------------------------------------
+
+    def _on_step(self, optimizer, args, kwargs):
+        try:
+            if getattr(self.pkg, "_helper_steps", False):
+                return  # a Guard tells the steps: never both
+            clock = self._clock() if self._clock is not None else None
+            if clock is None:
+                self._clock = weakref.ref(optimizer)
+            elif clock is not optimizer:
+                return  # another optimizer of the same iteration
+            self.steps += 1
+            self.fn_step(self.steps)
+        except Exception:
+            pass
+
+    # --- backward ------------------------------------------------------------------
+
+    def _code(self, code):
+        entry = self._codes.get(code)
+        if entry is None:
+            if len(self._codes) >= _CODES_MAX:
+                self._codes.clear()
+            file = code.co_filename
+            path = os.path.abspath(file) if file and not file.startswith("<") else file
+            skip = path.startswith(self.torch_dir) or path.startswith(self.own_dir)
+            func = getattr(code, "co_qualname", None) or code.co_name
+            entry = self._codes[code] = (_utf8(file, 1024), _utf8(func, 256), skip)
+        return entry
+
+    def _on_backward(self):
+        try:
+            frame = sys._getframe(2)  # the wrapper's caller: Tensor.backward, or the program
+            key, f = [], frame
+            while f is not None and len(key) < 2 * BACKWARD_FRAMES:
+                key.append((f.f_code, f.f_lineno))
+                f = f.f_back
+            key = tuple(key)
+            site = self._sites.get(key)
+            if site is None:
+                site = self._sites[key] = self._site(key)
+            arr, n, self.last_backward = site
+            thread = threading.current_thread()
+            name = self._threads.get(thread)
+            if name is None:
+                if len(self._threads) >= 64:
+                    self._threads.clear()
+                name = self._threads[thread] = _utf8(thread.name, 63)
+            self.backwards += 1
+            self.fn_backward(arr, n, name)
+        except Exception:
+            pass
+
+    def _site(self, key):
+        """A call site's frames (innermost first, PyTorch's and ours left
+        out), as the C array the shim takes and as snapshot frames."""
+        if len(self._sites) >= _CODES_MAX:
+            self._sites.clear()
+        frames, seen = [], []
+        for code, line in key:
+            file, func, skip = self._code(code)
+            if skip:
+                continue
+            frames.append(_native.PyFrame(file, func, line or 0))
+            seen.append({"filename": code.co_filename, "line": line or 0,
+                         "name": getattr(code, "co_qualname", None) or code.co_name})
+            if len(frames) == BACKWARD_FRAMES:
+                break
+        arr = (_native.PyFrame * max(1, len(frames)))(*frames)
+        return arr, len(frames), seen
+
+    # --- PyTorch's view --------------------------------------------------------------
+
+    def _on_request(self, req):
+        """The shim's request, in the main thread with the GIL (a pending
+        call): history on first, the view, history off last."""
+        try:
+            r = req.contents
+            history, dev, seq, why, request = r.history, r.dev, r.seq, r.why, r.request
+        except Exception:
+            return
+        off_first = history < 0 and why == b"leak"  # a leak's view reads history off
+        for part in (history > 0 and self._history_on,
+                     off_first and self._history_off,
+                     dev >= 0 and why and not (why in (b"refused", b"oom") and self._in_observer())
+                     and (lambda: self._answer(dev, seq, request, why)),
+                     history < 0 and not off_first and self._history_off):
+            if part:
+                try:
+                    part()  # each on its own: a backend without history still gets its view
+                except Exception:
+                    pass
+
+    @staticmethod
+    def _in_observer():
+        """Is this request run as PyTorch's OOM observer starts (the main
+        thread's own failure: the interpreter runs pending calls when a
+        function starts)? Then the observer answers it, a moment later."""
+        frame = sys._getframe(2)
+        for _ in range(3):
+            if frame is None:
+                return False
+            if frame.f_code is _Instrument._on_oom.__code__:
+                return True
+            frame = frame.f_back
+        return False
+
+    def _on_oom(self, device, alloc, total, device_free):
+        """PyTorch's OOM observer: in the thread whose allocation failed,
+        with the GIL, after the allocator let go of its lock."""
+        try:
+            self.ooms += 1
+            if _thin(self.ooms):
+                self._answer(int(device), 0, int(alloc))
+        except Exception:
+            pass
+
+    def _history_enabled(self):
+        enabled = getattr(self.torch._C, "_cuda_isHistoryEnabled", None)
+        return enabled is not None and bool(enabled())
+
+    def _history_on(self):
+        cuda = self.torch.cuda
+        if self.history or not cuda.is_initialized():
+            return
+        if self._history_enabled():
+            self.user_history = True  # the program's own: used, never turned off
+            return
+        cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
+                                           max_entries=HISTORY_MAX_ENTRIES)
+        self.history = True
+        self.history_turns += 1
+
+    def _history_off(self):
+        if self.history:
+            self.history = False
+            self.torch.cuda.memory._record_memory_history(enabled=None)
+
+    def _answer(self, dev, seq, request, why=None):
+        cuda = self.torch.cuda
+        if not cuda.is_initialized():
+            return  # never initialize CUDA for a view
+        stats = cuda.memory_stats(dev)
+        view = _native.TorchView()
+        view.seq = seq
+        view.dev = dev
+        view.reserved = int(stats.get("reserved_bytes.all.current", 0))
+        view.allocated = int(stats.get("allocated_bytes.all.current", 0))
+        view.inactive_split = int(stats.get("inactive_split_bytes.all.current", 0))
+        view.request = max(0, int(request))
+        try:
+            snapshot = cuda.memory._snapshot()
+            segments = [s for s in snapshot["segments"] if s.get("device") == dev]
+        except Exception:
+            snapshot = segments = None  # a backend without snapshots: no free block is known
+        keep = []
+        if segments is None:
+            view.largest_free = max(0, view.reserved - view.allocated)
+        else:
+            self._segments(view, segments)
+            if self.history or (self.user_history and self._history_enabled()):
+                view.history = 1
+                keep = self._tensors(view, segments, snapshot, at_peak=why == b"near_miss")
+            elif why == b"leak":
+                # history off again: the blocks that kept their Python
+                # stacks are what its step allocated and never freed
+                view.history = 1
+                keep = self._tensors(view, segments, None, at_peak=False)
+        self.views += 1
+        self.fn_view(view)
+        del keep  # what the view's pointers pointed into
+
+    @staticmethod
+    def _segments(view, segments):
+        largest = 0
+        for s in segments:
+            if s.get("is_expandable"):
+                view.seg_expandable += 1
+            elif s.get("segment_type") == "small":
+                view.seg_small += 1
+            elif s.get("total_size", 0) >= GiB:
+                view.seg_huge += 1
+            else:
+                view.seg_large += 1
+            for b in s.get("blocks", ()):
+                if b.get("state") == "inactive" and b.get("size", 0) > largest:
+                    largest = b["size"]
+        view.largest_free = largest
+
+    def _op(self, frames):
+        """The innermost of PyTorch's own functions in frames (innermost
+        first) that the allocation happened in, as module.function
+        (torch.nn.modules.linear.forward); None when the program's own line
+        allocated it."""
+        for f in frames:
+            path = f.get("filename") or ""
+            if not path.startswith(self.torch_dir):
+                return None  # the program's frame comes first: its own op
+            if f.get("name") in _PLUMBING:
+                continue
+            if path.startswith(self.torch_dir):
+                mod = path[len(self.torch_dir):]
+                mod = mod[:-3] if mod.endswith(".py") else mod
+                mod = mod.replace(os.sep, ".")
+                if mod.endswith("__init__"):
+                    mod = mod[:-8].rstrip(".")
+                return "torch.%s%s" % (mod + "." if mod else "", f.get("name") or "?")
+        return None
+
+    @staticmethod
+    def _replay(trace, until):
+        """The allocations of the history window live after trace[0..until]
+        (addr -> its alloc entry), and the bytes and number of the window's
+        frees of blocks allocated before it."""
+        live, freed, nfreed = {}, 0, 0
+        for e in trace[:until + 1]:
+            action = e.get("action")
+            if action == "alloc":
+                live[e.get("addr")] = e
+            elif action == "free_completed":
+                if live.pop(e.get("addr"), None) is None:
+                    freed += int(e.get("size", 0))
+                    nfreed += 1
+        return live, freed, nfreed
+
+    def _window(self, view, segments, trace, at_peak):
+        """What PyTorch's history recorded, at the moment that matters: the
+        live blocks allocated since history went on, as their alloc entries;
+        and the bytes and number of the blocks allocated before it, still
+        live. At the step's peak (a near miss, whose view comes once the main
+        thread runs Python again: after the backward it came in) or now."""
+        end = len(trace) - 1
+        live, freed, nfreed = self._replay(trace, end)
+        now = {b.get("address") for s in segments for b in s.get("blocks", ())
+               if b.get("state") == "active_allocated"}
+        base = view.allocated - sum(int(e.get("size", 0)) for e in live.values()) + freed
+        base_n = len(now - set(live)) + nfreed
+        if at_peak:
+            running = best = base
+            best_i = -1
+            for i, e in enumerate(trace):
+                action = e.get("action")
+                if action == "alloc":
+                    running += int(e.get("size", 0))
+                elif action == "free_completed":
+                    running -= int(e.get("size", 0))
+                else:
+                    continue
+                if running > best:
+                    best, best_i = running, i
+            live, freed, nfreed = self._replay(trace, best_i)
+        return list(live.values()), max(0, base - freed), max(0, base_n - nfreed)
+
+    def _tensors(self, view, segments, snapshot, at_peak):
+        """The live blocks by the Python line that allocated them (the
+        innermost frame outside PyTorch), largest first; what autograd's
+        threads allocated (no Python frames) under the latest .backward()
+        call, op "backward"; what was allocated before history was on as one
+        entry with no frames. Returns what the view's pointers point into."""
+        traces = snapshot.get("device_traces") if isinstance(snapshot, dict) else None
+        trace = traces[view.dev] if isinstance(traces, list) and view.dev < len(traces) else None
+        if trace:
+            blocks, before, nbefore = self._window(view, segments, trace, at_peak)
+        else:  # history without a trace (the program's own "state"): the blocks now
+            blocks, before, nbefore = [], 0, 0
+            for s in segments:
+                for b in s.get("blocks", ()):
+                    if b.get("state") != "active_allocated":
+                        continue
+                    if b.get("frames"):
+                        blocks.append(b)
+                    else:
+                        before += int(b.get("size", 0))
+                        nbefore += 1
+        groups = {}
+        for b in blocks:
+            size = int(b.get("size", 0))
+            frames = b.get("frames") or []
+            if frames:
+                user = [f for f in frames
+                        if not (f.get("filename") or "").startswith((self.torch_dir, self.own_dir))]
+                top = user[0] if user else frames[0]
+                key = (top.get("filename"), top.get("line"), top.get("name"))
+                op = self._op(frames)
+            else:  # autograd's threads have no Python frames: the backward they ran
+                user, key, op = self.last_backward, "backward", "backward"
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = [0, 0, user, op, 0]
+            g[0] += size
+            g[1] += 1
+            if size > g[4]:
+                g[2], g[3], g[4] = user, op, size
+        rows = sorted(groups.values(), key=lambda g: -g[0])
+        if nbefore:
+            rows.append([before, nbefore, [], None, 0])
+            rows.sort(key=lambda g: -g[0])
+        rows = rows[:TENSORS_MAX]
+        keep = []
+        tensors = (_native.TorchTensor * max(1, len(rows)))()
+        for i, (nbytes, count, frames, op, _) in enumerate(rows):
+            frames = frames[:FRAMES_MAX]
+            text = [(_utf8(f.get("filename") or "?", 1024), _utf8(f.get("name") or "?", 256))
+                    for f in frames]
+            arr = (_native.PyFrame * max(1, len(frames)))(
+                *[_native.PyFrame(file, func, int(f.get("line") or 0))
+                  for (file, func), f in zip(text, frames)])
+            op = _utf8(op, 256) if op else None
+            keep.extend((arr, text, op))  # the bytes the pointers point into
+            t = tensors[i]
+            t.bytes, t.count = nbytes, count
+            t.op = op
+            t.frames = arr
+            t.nframes = len(frames)
+        keep.append(tensors)
+        view.tensors = tensors
+        view.ntensors = len(rows)
+        return keep
