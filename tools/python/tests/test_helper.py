@@ -231,7 +231,11 @@ class StructTest(unittest.TestCase):
         self.assertTrue(newer.has("gpuguard_step"))
         self.assertTrue(newer.step(3))
         self.assertEqual(calls, [3])
-        self.assertEqual(_native.OPTIONAL, ("gpuguard_step", "gpuguard_policy"))
+        self.assertEqual(_native.OPTIONAL, ("gpuguard_step", "gpuguard_policy",
+                                            "gpuguard_torch_attach", "gpuguard_torch_detach",
+                                            "gpuguard_torch_view", "gpuguard_backward"))
+        self.assertFalse(older.has("gpuguard_torch_view"))   # a shim before the instrumentation
+        self.assertIsNone(older.function("gpuguard_torch_view"))
         self.assertIsNone(older.policy(0))                 # a shim before gpuguard_policy
         _native.set_library(types.SimpleNamespace(**base))
         try:
@@ -1304,7 +1308,10 @@ class RunScriptTest(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         env = self.dry_env(out)
         self.assertEqual(env["LD_PRELOAD"], os.path.realpath(self.lib) + " /other.so")
-        self.assertEqual(env["PYTHONPATH"], PYDIR + ":/x")
+        # the instrumentation's sitecustomize first, then the helper (docs/commands.md)
+        self.assertEqual(env["PYTHONPATH"], os.path.join(PYDIR, "gpuguard", "_site") + ":" +
+                         PYDIR + ":/x")
+        self.assertEqual(env["GPUGUARD_TORCH"], "1")
         self.assertEqual(env["GPUGUARD_POLICY"], os.path.realpath(pol))
         self.assertEqual(env["GPUGUARD_MODE"], "observe")
         self.assertEqual(env["GPUGUARD_JOURNAL_DIR"], os.path.realpath(jdir))

@@ -166,7 +166,8 @@ class TextReportTest(ReportTestBase):
         self.assertNotIn("no summary", out)
 
     def test_peak_sites_tree(self):
-        rc, out, _ = self.main(self.j0)
+        # --native: every frame as the shim took it (the PyTorch view: test_report_torch)
+        rc, out, _ = self.main("--native", self.j0)
         tree = self.section(out, "Allocation sites at the peak:", "Near misses")
         lines = [l.strip() for l in tree.splitlines()[1:] if l.strip()]
         # 12 + 6 + 1 GiB + 10 MiB of a 20 GiB peak; massif-style, allocator side first
@@ -201,8 +202,9 @@ class TextReportTest(ReportTestBase):
 
     def test_near_misses_grouped_by_top_frames(self):
         # A journal from before Python frames: every stack is under one
-        # "(no Python frames)" line, split by its top native frames.
-        rc, out, _ = self.main(self.j0)
+        # "(no Python frames)" line, split by its top native frames (--native:
+        # the frames themselves; the PyTorch view groups by op, test_report_torch).
+        rc, out, _ = self.main("--native", self.j0)
         nm = self.section(out, "Near misses: 3, by Python line:", "Refused")
         lines = [l.strip() for l in nm.splitlines()]
         self.assertEqual(lines[1], "3x  largest 512.0 MiB, 832.0 MiB in all; 10.20 s .. 10.40 s; "
@@ -211,7 +213,7 @@ class TextReportTest(ReportTestBase):
         # the first two share their top 3 frames (different 4th frame): 4 frames split them
         stacks = [l for l in lines if re.match(r"^\d+x  ", l)][1:]
         self.assertEqual(len(stacks), 3)
-        rc, out, _ = self.main("--frames", "3", self.j0)
+        rc, out, _ = self.main("--native", "--frames", "3", self.j0)
         nm = self.section(out, "Near misses: 3, by Python line:", "Refused")
         stacks = [l.strip() for l in nm.splitlines() if re.match(r"^\s+\d+x  ", l)][1:]
         self.assertEqual(len(stacks), 2)
@@ -375,7 +377,7 @@ class VerdictTest(ReportTestBase):
                          % (H100, rpt.fmt_wall(W0 + 101.0)))
         self.assertEqual(lines[2], "    refused cudaMalloc of 6.0 GiB with 2.0 GiB free under the "
                                    "limit (device used 70.0 GiB, limit 72.0 GiB, total 80.0 GiB), "
-                                   "asked from /home/me/model.py:88 in Block.forward")
+                                   "asked from /home/me/model.py:88 in Block.forward, aten::addmm")
         rows = lines[3:7]
         self.assertRegex(rows[0], r"^  rank 0  node1  finished after 3\.3 min\s+GPU0 %s: "
                                   r"peak 48\.0 GiB of limit 72\.0 GiB" % H100)
@@ -471,8 +473,8 @@ class VerdictTest(ReportTestBase):
                                    "compute_90" % dev)
         # 240 steps to go at 30 s a step: 2 h
         self.assertEqual(lines[2], "  %s: leak: +64 MiB per step since step 3 from train.py:57 in "
-                                   "train_step; at this rate the limit is reached at step 290, in "
-                                   "about 2 h" % dev)
+                                   "train_step, aten::addmm; at this rate the limit is reached at "
+                                   "step 290, in about 2 h" % dev)
         self.assertEqual(lines[3], "  %s: forecast at step 40 (at %s, 20.0 min into the run): step "
                                    "41 would peak at 28.0 GiB, over the near-miss line (27.0 GiB); "
                                    "advised batch 8 x accum 4, before any near miss"
@@ -486,8 +488,9 @@ class VerdictTest(ReportTestBase):
         self.assertIn("   leak         +64 MiB per step since step 3 from train.py:57", out)
         self.assertIn("                live 7.1 GiB at step 50", out)
         self.assertIn("                sites whose live bytes grew, largest first:", out)
-        self.assertIn("                  +3 GiB      py#0 train.py:57 in train_step", out)
-        self.assertIn("                              #0 c10::cuda::CUDACachingAllocator", out)
+        self.assertIn("                  +3 GiB      #0 [PyTorch caching allocator: 1 frame]", out)
+        self.assertIn("                              #1 aten::addmm (2 frames)", out)
+        self.assertIn("                              py#0 train.py:57 in train_step", out)
         self.assertIn("   forecast     forecast at step 40", out)
         self.assertIn("   device code  1 module checked: 0 run SASS, 1 not at all", out)
 
@@ -544,7 +547,7 @@ class HtmlReportTest(ReportTestBase):
         self.assertIn("NVIDIA GeForce RTX 3090", text)
         self.assertIn("trainer at", text)
         self.assertIn("/home/me/train.py:42 in train_step", text)
-        self.assertIn("c10::cuda::CUDACachingAllocator", text)
+        self.assertIn("[PyTorch caching allocator: 1 frame]", text)
         self.assertIn("No summary", text)
 
     def svgs(self, page):
@@ -614,8 +617,8 @@ class TraceTest(ReportTestBase):
         with open(out) as f:
             return json.load(f)
 
-    def test_trace_events(self):
-        tr = self.trace(self.j0, self.j1)
+    def test_trace_events(self, native=False):
+        tr = self.trace(self.j0, self.j1, *(["--native"] if native else []))
         evs = tr["traceEvents"]
         self.assertEqual(tr["displayTimeUnit"], "ms")
         for e in evs:
@@ -655,11 +658,18 @@ class TraceTest(ReportTestBase):
         self.assertEqual(nm["ts"], 10.2e6)
         self.assertEqual(nm["tid"], 0)
         self.assertEqual(nm["args"]["bytes"], 512 * MiB)
-        self.assertIn("addmm_out_cuda", nm["args"]["stack"][2])
+        if native:
+            self.assertIn("addmm_out_cuda", nm["args"]["stack"][2])
+        else:
+            self.assertEqual(nm["args"]["stack"][:2], ["#0 [PyTorch caching allocator: 1 frame]",
+                                                       "#1 aten::addmm (2 frames)"])
         adv = [e for e in inst if e["cat"] == "gpuguard,advice"][0]
         self.assertEqual(adv["args"]["batch_size"], 16)
         self.assertEqual(adv["args"]["trainer_at"],
                          "/home/me/train.py:42 in train_step: loss = model(batch).loss")
+
+    def test_trace_events_native(self):
+        self.test_trace_events(native=True)
 
     def test_same_pid_on_two_hosts(self):
         ev = journal_rank1_killed()

@@ -2,7 +2,9 @@
 journals in the shim's shape: near misses grouped by their Python line and
 then by stack, the peak tree led by the Python line with the native frames
 below, stacks without Python frames named by their thread, and the HTML
-saying exactly what the text says."""
+saying exactly what the text says. Every report here is --native: the frames
+as the shim took them (the same stacks in PyTorch's terms, merged and
+collapsed: test_report_torch)."""
 import html
 import io
 import os
@@ -47,7 +49,7 @@ class Base(unittest.TestCase):
     def main(self, *args):
         out, err = io.StringIO(), io.StringIO()
         with redirect_stdout(out), redirect_stderr(err):
-            rc = rpt.main(list(args))
+            rc = rpt.main(["--native"] + list(args))
         self.assertEqual(rc, 0, err.getvalue())
         return out.getvalue()
 

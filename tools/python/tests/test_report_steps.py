@@ -167,8 +167,8 @@ class LeaksAndForecasts(Base):
         dev = "rank 0 GPU0 " + RTX
         # 80 steps to the limit at 10 s a step
         self.assertEqual(lines[1], "  %s: leak: +64 MiB per step since step 3 from /home/me/"
-                                   "model.py:88 in Block.forward; at this rate the limit is reached "
-                                   "at step 230, in about 13 min" % dev)
+                                   "model.py:88 in Block.forward, aten::addmm; at this rate the "
+                                   "limit is reached at step 230, in about 13 min" % dev)
         self.assertEqual(lines[2], "  %s: forecast at step 180 (at %s, 30.0 min into the run): step "
                                    "181 would peak at 21.1 GiB, over the near-miss line (21.0 GiB); "
                                    "advised batch 8 x accum 4, before any near miss"
@@ -176,7 +176,7 @@ class LeaksAndForecasts(Base):
         self.assertEqual(lines[3], "  no refusal and no OOM in any journal")
         self.assertTrue(lines[4].startswith("  rank 0  node1  finished after "), lines[4])
         # the leak's sites in the device section, a thread without Python frames named
-        self.assertIn("                  +512 MiB    (no Python frames: thread pt_autograd_0)\n", out)
+        self.assertIn("                  +512 MiB    backward on thread pt_autograd_0\n", out)
         self.assertIn("   trend        over steps 137 .. 200 (least squares): peak +64 MiB/step, "
                       "live +64 MiB/step\n", out)
 

@@ -44,6 +44,7 @@ class Device(object):
         self.leaks = 0
         self.first_leak = None
         self.last_leak = None
+        self.last_failure = None     # the latest refusal or OOM (its line, with t and step)
         self.leak_marks = Thinned()
         self.modes = []                # (t, mode, why): what `auto` switched to
         self.modes_dropped = 0

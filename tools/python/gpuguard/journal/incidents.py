@@ -25,7 +25,11 @@ class Incidents(object):
     full, groups by Python line (the innermost Python frame; a stack
     without one by its thread) and under each line by stack (its top
     `nframes` Python and native frames), at most GROUPS_MAX stacks in all
-    and then "other stacks", and thinned marks for the timeline."""
+    and then "other stacks", and thinned marks for the timeline. With a
+    PyTorch view (`ctx`, gpuguard.journal.pytorch.TorchLog) a stack through
+    PyTorch is grouped in its terms instead: under the line outside torch
+    that asked (or, on autograd's threads, the backward and its node), by
+    its readable entries, and the group keeps its lines."""
 
     def __init__(self, kind, nframes):
         self.kind = kind
@@ -39,7 +43,7 @@ class Incidents(object):
         self.marks = Thinned()
         self.first = None
 
-    def add(self, ev, t, step):
+    def add(self, ev, t, step, ctx=None):
         self.journaled += 1
         stack = ev.get("stack")
         if type(stack) is not list:
@@ -64,15 +68,23 @@ class Incidents(object):
         self.counted += n
         b = num(ev.get("bytes")) or 0
         used = num(ev.get("used"))
-        pyf = [f for f in py[:self.nframes] if isinstance(f, dict)]
-        natf = [f for f in stack[:self.nframes] if isinstance(f, dict)]
-        lkey, llabel = line_of({"pystack": pyf, "stack": natf, "thread": ev.get("thread")})
-        key = (lkey,) + tuple(pyframe_key(f) for f in pyf[1:]) + tuple(frame_key(f) for f in natf)
+        view = ctx.view(ev, t) if ctx is not None else None
+        if view is None:
+            pyf = [f for f in py[:self.nframes] if isinstance(f, dict)]
+            natf = [f for f in stack[:self.nframes] if isinstance(f, dict)]
+            lkey, llabel = line_of({"pystack": pyf, "stack": natf, "thread": ev.get("thread")})
+            key = (lkey,) + tuple(pyframe_key(f) for f in pyf[1:]) + tuple(frame_key(f) for f in natf)
+        else:
+            lkey, llabel = view.line
+            key = view.group_key(self.nframes)
         g = self.groups.get(key)
         if g is None:
             if len(self.groups) < GROUPS_MAX:
                 g = self.groups[key] = self._group(t, ev)
-                g["pyframes"], g["frames"] = pyf, natf
+                if view is None:
+                    g["pyframes"], g["frames"] = pyf, natf
+                else:
+                    g["lines"] = view.lines(self.nframes)
                 ln = self.lines.get(lkey)
                 if ln is None:
                     ln = self.lines[lkey] = self._group(t, ev)
@@ -93,8 +105,8 @@ class Incidents(object):
         if self.marks.want():
             self.marks.add({"t": t, "bytes": num(ev.get("bytes")), "used": used,
                             "limit": num(ev.get("limit")), "total": num(ev.get("total")),
-                            "api": api, "where": where(ev),
-                            "stack": stack_lines(ev, limit=8)})
+                            "api": api, "where": where(ev) if view is None else view.where,
+                            "stack": stack_lines(ev, limit=8) if view is None else view.stack_lines(8)})
         if self.first is None or t < self.first["t"]:
             e = dict(ev)
             e["t"] = t
@@ -120,7 +132,7 @@ class Incidents(object):
     @staticmethod
     def _group(t, ev):
         return {"count": 0, "journaled": 0, "bytes": 0, "max_bytes": 0, "first": t, "last": t,
-                "max_used": None, "frames": [], "pyframes": [], "apis": [],
+                "max_used": None, "frames": [], "pyframes": [], "lines": None, "apis": [],
                 "limit": num(ev.get("limit")), "overflow": False}
 
     def sorted_lines(self):

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from .arch import runs_only_by_jit
 from .device import Device
 from .limits import ARCH_MAX, ERRORS_MAX, NOTES_MAX, NOTE_CHARS
+from .pytorch import TorchLog
 from .values import as_int, as_str, num
 
 NAME_RE = re.compile(r"^gpuguard\.(?P<comm>.+?)(?:\.rank(?P<rank>\d+))?\.(?P<pid>\d+)\.jsonl$")
@@ -20,9 +21,11 @@ NOTE_SEQ_RE = re.compile(r"advice #(\d+)")
 
 
 class Journal(object):
-    def __init__(self, path, nframes=4):
+    def __init__(self, path, nframes=4, native=False):
         self.path = path
         self.nframes = nframes
+        self.native = native         # stacks as the shim took them (--native)
+        self.pt = TorchLog(native)   # the `torch` and `backward` lines; stacks in PyTorch's terms
         self.start = None
         self.pid = None
         self.comm = None
@@ -113,6 +116,7 @@ class Journal(object):
             "mode": self._ev_mode, "arch": self._ev_arch, "leak": self._ev_leak,
             "note": self._ev_note, "error": self._ev_error, "summary": self._ev_summary,
             "suppressed": self._ev_suppressed,
+            "torch": self._ev_torch, "backward": self._ev_backward,
         }
         loads = json.loads
         last_t = 0.0
@@ -219,7 +223,9 @@ class Journal(object):
         d = self.device(ev.get("dev", 0))
         kind = ev["ev"]
         step = d.last_step[0] if d.last_step else None
-        d.events[kind].add(ev, t, step)
+        d.events[kind].add(ev, t, step, self.pt)
+        if kind != "near_miss":
+            d.last_failure = dict(ev, t=t, step=step)
         used = num(ev.get("used"))
         if used is not None and (d.max_used is None or used > d.max_used):
             d.max_used = used
@@ -348,6 +354,16 @@ class Journal(object):
         # total: since the start, so the last one stands for a killed process
         self._counts(ev.get("total"))
 
+    def _ev_torch(self, ev, t):
+        """PyTorch's caching allocator at a refusal, an OOM, a near miss or a
+        forecast (gpuguard.journal.pytorch keeps it)."""
+        self.pt.torch(ev, t, self.device(ev.get("dev", 0)))
+
+    def _ev_backward(self, ev, t):
+        """Where `.backward()` was called: autograd's threads work for it
+        until the next one."""
+        self.pt.backward.add(ev, t)
+
     def _ev_summary(self, ev, t):
         self.summary = ev
         self._counts(ev.get("suppressed"))
@@ -361,7 +377,7 @@ class Journal(object):
                 dv.summary = d
 
 
-def read_journals(paths, nframes=4):
+def read_journals(paths, nframes=4, native=False):
     journals, failed = [], []
     for p in paths:
         if os.path.isdir(p):
@@ -370,9 +386,9 @@ def read_journals(paths, nframes=4):
             if not found:
                 failed.append((p, "no gpuguard.*.jsonl journal in this directory"))
             for q in found:
-                journals.append(Journal(q, nframes).read())
+                journals.append(Journal(q, nframes, native).read())
         else:
-            journals.append(Journal(p, nframes).read())
+            journals.append(Journal(p, nframes, native).read())
     ok = []
     for j in journals:
         if j.read_error:

@@ -18,6 +18,13 @@ JSON. --recommend fits each GPU model's peak against the trainer's batch
 accumulation for the next run; --out DIR writes them as policy files for
 GPUGUARD_POLICY=DIR.
 
+Stacks through PyTorch read in its terms (gpuguard.journal.frames): native and
+Python frames merged in call order, its allocator, dispatcher and the
+interpreter collapsed, ATen ops and autograd nodes named, autograd's
+allocations tied to the `.backward()` line; the first failure said in
+PyTorch's terms when gpuguard-run's instrumentation answered it with a
+`torch` line (torchtext). --native shows the stacks as the shim took them.
+
 This package renders what gpuguard.journal reads; the command is
 gpuguard.report.cli (tools/bin/gpuguard-report, or python -m gpuguard.report).
 

@@ -12,6 +12,7 @@ from .. import __version__ as VERSION
 from ..journal.reader import read_journals
 from .formatting import fmt_size
 from .html_page import html_report
+from ..journal.source import set_substitutions
 from .perfetto import trace_report
 from .policy import write_file, write_policies
 from .recommendation import recommend
@@ -40,6 +41,14 @@ def parse_args(argv):
                    help="fold tree nodes below PCT%% of the peak (default 1)")
     p.add_argument("--top-down", action="store_true",
                    help="root the site tree at the outermost caller instead of the allocation")
+    p.add_argument("--native", action="store_true",
+                   help="stacks as the shim took them: Python frames first, then every native "
+                        "frame, none merged, collapsed or named in PyTorch's terms")
+    p.add_argument("--substitute-path", nargs=2, action="append", default=[],
+                   metavar=("FROM", "TO"),
+                   help="read the Python sources the journals name under FROM from TO instead "
+                        "(the report quotes the line that called .backward()), as gdb's "
+                        "`set substitute-path`: journals from a container or another machine")
     p.add_argument("--version", action="version", version="gpuguard-report " + VERSION)
     opts = p.parse_args(argv)
     if opts.frames < 1 or opts.depth < 1 or opts.threshold < 0:
@@ -51,7 +60,8 @@ def parse_args(argv):
 
 def main(argv=None):
     opts = parse_args(sys.argv[1:] if argv is None else argv)
-    journals, failed = read_journals(opts.journals, opts.frames)
+    set_substitutions(opts.substitute_path)
+    journals, failed = read_journals(opts.journals, opts.frames, opts.native)
     for path, why in failed:
         sys.stderr.write("gpuguard-report: %s: %s\n" % (path, why))
     opts.recs = recommend(journals) if opts.recommend else None

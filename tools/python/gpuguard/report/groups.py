@@ -30,7 +30,10 @@ def group_line(g, d, sub=False):
 
 def sub_frames(g):
     """A stack under its Python line: the Python callers (`py#1` ...), then
-    the native frames; a stack without Python frames says so in its line."""
+    the native frames; a stack without Python frames says so in its line.
+    A stack read in PyTorch's terms keeps its own lines (merged, collapsed)."""
+    if g.get("lines") is not None:
+        return list(g["lines"])
     lines = ["py#%d %s" % (i, pyframe_label(f)) for i, f in enumerate(g["pyframes"][1:], 1)]
     lines += ["#%d %s" % (i, frame_label(f)) for i, f in enumerate(g["frames"])]
     return lines

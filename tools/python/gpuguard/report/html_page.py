@@ -6,7 +6,8 @@ tables, advice table, notes, footer.
 from .. import __version__ as VERSION
 from ..journal.device import figures
 from ..journal.reader import sections
-from ..journal.stacks import frames_of, python_location, stack_lines
+from ..journal.pytorch import lines_in
+from ..journal.stacks import frames_of, python_location
 from ..journal.values import as_str
 from .formatting import fmt_bytes, fmt_count, fmt_t, plural
 from .groups import GROUPS_SHOWN, line_group_lines
@@ -14,7 +15,8 @@ from .markup import esc
 from .recommendation import recommend_text
 from .rows import device_rows
 from .svg import svg_steps, svg_timeline
-from .text import header, journal_notes
+from .text import header, journal_notes, peak_time, site_views
+from .torchtext import backward_lines, torch_blocks
 from .tree import peak_tree_lines, site_tree
 from .verdict import verdict
 
@@ -99,6 +101,8 @@ def html_report(journals, failed, opts):
         for msg, (t, n) in j.errors.items():
             a('<p class="warn">error at %s: %s%s</p>' % (
                 esc(fmt_t(t)), esc(msg), "" if n == 1 else esc(" (x%s)" % fmt_count(n))))
+        for line in backward_lines(j):
+            a("<p>backward: %s</p>" % esc(line))
         for d in j.used_devices():
             f = figures(j, d)
             a("<h3>%s</h3>" % esc(d.label))
@@ -106,11 +110,22 @@ def html_report(journals, failed, opts):
                 "<tr><th>%s</th><td>%s</td></tr>" % (
                     esc(k), esc(v[0]) if len(v) == 1 else "<pre>%s</pre>" % esc("\n".join(v)))
                 for k, v in device_rows(j, d, opts)))
+            for title, lines, rows in torch_blocks(j, d):
+                a("<h4>%s</h4>" % esc(title))
+                a('<p class="torch">%s</p>' % "<br/>".join(esc(line) for line in lines))
+                if rows is None:
+                    a("<p>tensors: not recorded (PyTorch's allocation history was off then)</p>")
+                elif rows:
+                    a('<table class="tensors"><tr><th>bytes</th><th>tensors</th>'
+                      '<th>line</th><th>ops</th></tr>%s</table>' % "".join(
+                          '<tr><td class="n">%s</td><td class="n">%s</td><td>%s</td><td>%s</td></tr>'
+                          % tuple(esc(v) for v in r) for r in rows))
             a(svg_timeline(j, d))
             if d.step_series.n:
                 a(svg_steps(j, d))
             sites = (d.summary or {}).get("peak_sites")
-            tree = site_tree(sites, opts.depth, opts.top_down) if isinstance(sites, list) else None
+            tree = site_tree(sites, opts.depth, opts.top_down, site_views(j, d)) \
+                if isinstance(sites, list) else None
             s = d.summary or {}
             if tree is not None and tree.bytes > 0:
                 a("<h4>Allocation sites at the peak</h4>")
@@ -118,7 +133,8 @@ def html_report(journals, failed, opts):
             elif frames_of(s, "peak_stack") or frames_of(s, "peak_pystack"):
                 a("<h4>Stack of the allocation that made the peak</h4>")
                 a("<pre>%s</pre>" % esc("\n".join(
-                    stack_lines(s, "peak_pystack", "peak_stack", opts.frames * 2))))
+                    lines_in(j, s, peak_time(j, d), "peak_pystack", "peak_stack", opts.frames * 2,
+                             nearest=True))))
             for kind, title in (("near_miss", "Near misses"), ("refused", "Refused"),
                                 ("oom", "Out of memory")):
                 inc = d.events[kind]

@@ -5,10 +5,11 @@ their trend, batch path, leak details, forecast, device-code check.
 
 from ..journal.device import figures
 from ..journal.limits import PATH_HEAD
-from ..journal.stacks import stack_lines
+from ..journal.pytorch import lines_in
 from ..journal.values import as_str
 from .formatting import fmt_bytes, fmt_count, fmt_pct, fmt_size, fmt_t, plural
 from .groups import GROUPS_SHOWN
+from .torchtext import expandable_peak
 from .verdict import forecast_text, leak_text
 
 
@@ -48,9 +49,10 @@ def arch_details(j, d):
                      for e in bad + jit]
 
 
-def leak_lines(d, nframes):
+def leak_lines(d, nframes, j=None):
     """The leak in detail: the last `leak` line's figures, how it changed,
-    and the sites whose live bytes grew, each by its stack."""
+    and the sites whose live bytes grew, each by its stack (in PyTorch's
+    terms with the journal j)."""
     e = d.last_leak
     out = ["live %s at step %s%s" % (
         fmt_bytes(e.get("live")), as_str(e.get("step"), "?"),
@@ -62,7 +64,7 @@ def leak_lines(d, nframes):
     if sites:
         out.append("sites whose live bytes grew, largest first:")
     for site in sites[:GROUPS_SHOWN]:
-        lines = stack_lines(site, limit=nframes)
+        lines = lines_in(j, site, e.get("t"), limit=nframes)
         out.append("  +%-10s %s" % (fmt_size(site.get("bytes")), lines[0]))
         out += ["  %-11s %s" % ("", line) for line in lines[1:]]
     if len(sites) > GROUPS_SHOWN:
@@ -120,6 +122,9 @@ def device_rows(j, d, opts):
     rows.append(("peak", ["%s process (%s of total), %s device-wide (%s)" % (
         fmt_bytes(f["peak"]), fmt_pct(f["peak"], d.total),
         fmt_bytes(f["peak_used"]), fmt_pct(f["peak_used"], d.total))]))
+    why = expandable_peak(j, d, f)
+    if why:
+        rows[-1][1].append(why)
     if f["peak_t"] is not None:
         rows.append(("peak time", ["about %s (the highest sample)" % fmt_t(f["peak_t"])]))
     if d.summary is not None:
@@ -163,7 +168,7 @@ def device_rows(j, d, opts):
     if path:
         rows.append(("batch", [path]))
     if d.leaks:
-        rows.append(("leak", [leak_text(d)[len("leak: "):]] + leak_lines(d, opts.frames)))
+        rows.append(("leak", [leak_text(d, j)[len("leak: "):]] + leak_lines(d, opts.frames, j)))
     if d.advice.first_forecast is not None:
         rows.append(("forecast", [forecast_text(j, d)]))
     arch = arch_details(j, d)

@@ -8,14 +8,28 @@ sections.
 from ..journal.device import figures
 from ..journal.incidents import STACK_EVENTS
 from ..journal.reader import left_out, sections
-from ..journal.stacks import frames_of, python_location, stack_lines
+from ..journal.pytorch import lines_in, view_of
+from ..journal.stacks import frames_of, python_location
 from ..journal.values import as_str
 from .formatting import fmt_bytes, fmt_count, fmt_t, fmt_wall, plural
 from .groups import GROUPS_SHOWN, group_line, line_group_lines
 from .recommendation import recommend_text
 from .rows import device_rows
+from .torchtext import backward_lines, torch_block_text, torch_blocks
 from .tree import peak_tree_lines, site_tree
 from .verdict import verdict
+
+
+def peak_time(j, d):
+    """When the peak was (the highest sample), else the journal's end: the
+    moment a site without Python frames is tied to a backward line."""
+    return d.peak_t if d.peak_t is not None else j.last_t
+
+
+def site_views(j, d):
+    """A peak site's View in PyTorch's terms (or None), for site_tree."""
+    t = peak_time(j, d)
+    return lambda site: view_of(j, site, t, nearest=True)
 
 
 def advice_run_line(run):
@@ -124,6 +138,8 @@ def text_report(journals, failed, opts):
             w("  %s left out: %s" % (plural(len(unused), "unused device"),
                                      ", ".join("GPU%d" % d.dev for d in unused[:16])
                                      + (", ..." if len(unused) > 16 else "")))
+        for line in backward_lines(j):
+            w("  backward     " + line)
         for d in j.used_devices():
             device_text(w, j, d, opts)
         if j.notes:
@@ -150,9 +166,15 @@ def device_text(w, j, d, opts):
         for line in lines[1:]:
             w("   %-12s %s" % ("", line))
 
+    for block in torch_blocks(j, d):
+        w("")
+        for line in torch_block_text(block):
+            w("   " + line)
+
     s = d.summary or {}
     sites = s.get("peak_sites")
-    tree = site_tree(sites, opts.depth, opts.top_down) if isinstance(sites, list) else None
+    tree = site_tree(sites, opts.depth, opts.top_down, site_views(j, d)) \
+        if isinstance(sites, list) else None
     if tree is not None and tree.bytes > 0:
         w("")
         w("   Allocation sites at the peak:")
@@ -161,7 +183,8 @@ def device_text(w, j, d, opts):
     elif frames_of(s, "peak_stack") or frames_of(s, "peak_pystack"):
         w("")
         w("   Stack of the allocation that made the peak:")
-        for line in stack_lines(s, "peak_pystack", "peak_stack", opts.frames * 2):
+        for line in lines_in(j, s, peak_time(j, d), "peak_pystack", "peak_stack", opts.frames * 2,
+                             nearest=True):
             w("     " + line)
 
     titles = {"near_miss": "Near misses", "refused": "Refused", "oom": "Out of memory (real allocator)"}

@@ -29,13 +29,19 @@ class Node(object):
         self.cut = False
 
 
-def site_path(site, top_down=False):
+def site_path(site, top_down=False, view=None):
     """A peak site's (key, label) levels. Bottom-up (massif's orientation):
     the innermost Python line, its Python callers outwards, then the native
     frames from the one that called the CUDA allocator up to the
     interpreter (the Python frames already say what the interpreter did).
     A site the shim took without Python frames leads with its thread.
-    top_down: the outermost Python caller first, the allocator last."""
+    top_down: the outermost Python caller first, the allocator last.
+    With a PyTorch view (gpuguard.journal.frames.View) its levels: the line
+    outside torch, its callers, then what ran inside it (allocator, ATen
+    ops, torch's own Python frames); on autograd's threads the backward
+    and its node lead."""
+    if view is not None:
+        return view.path(top_down)
     py = [(pyframe_key(f), pyframe_label(f)) for f in frames_of(site, "pystack")]
     native = stack_of(site)
     if py:
@@ -50,15 +56,16 @@ def site_path(site, top_down=False):
     return lead, py + nat
 
 
-def site_tree(sites, depth, top_down=False):
+def site_tree(sites, depth, top_down=False, views=None):
     """Merge the stacks of `peak_sites` into a tree of `depth` levels below
-    the Python line or thread each site leads with (site_path)."""
+    the Python line or thread each site leads with (site_path); `views`:
+    a site's View in PyTorch's terms, or None (gpuguard.journal.pytorch)."""
     root = Node("")
     for site in sites if isinstance(sites, list) else []:
         if not isinstance(site, dict):
             continue
         b, a = num(site.get("bytes")) or 0, num(site.get("allocs")) or 0
-        lead, path = site_path(site, top_down)
+        lead, path = site_path(site, top_down, views(site) if views is not None else None)
         if not path:
             # the shim's entry for what no listed site holds has no stack
             if "allocs" in site and site.get("allocs") is None:

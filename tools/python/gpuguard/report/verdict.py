@@ -8,9 +8,10 @@ from collections import OrderedDict
 
 from ..journal.device import figures
 from ..journal.incidents import FAILURES
-from ..journal.stacks import where
+from ..journal.pytorch import where_in
 from ..journal.values import as_int, as_str, num
 from .formatting import fmt_about, fmt_bytes, fmt_count, fmt_pct, fmt_size, fmt_t, fmt_wall, plural
+from .torchtext import failure_sentence, forecast_tensors, leak_tensors, raised_lines
 
 
 def aligned(journals):
@@ -45,6 +46,9 @@ def when(j, t):
 
 
 def failure_text(j, d, e):
+    """The first failure's lines: who, when; what it asked against what was
+    free and from where; in PyTorch's terms when the instrumentation
+    answered it (torchtext.failure_sentence)."""
     kind = e["ev"]
     b, used = num(e.get("bytes")), num(e.get("used"))
     limit = num(e.get("limit"))
@@ -64,10 +68,12 @@ def failure_text(j, d, e):
         j.who, d.label, j.host or "?", "?" if j.pid is None else j.pid, when(j, e["t"]))
     if e.get("step") is not None:
         head += ", after step %s" % fmt_count(e["step"])
-    loc = where(e)
+    loc = where_in(j, e, e["t"])
     if loc:
         what += ", asked from %s" % loc
-    return [head + ":", "  " + what]
+    sentence = failure_sentence(j, d, e)
+    return [head + ":", "  " + what] + (["  " + sentence] if sentence else []) + \
+        ["  " + line for line in raised_lines(j, d, e)]
 
 
 def status_text(j):
@@ -104,13 +110,16 @@ def verdict(journals, secs):
     for j in journals:
         for d in j.used_devices():
             if d.last_leak is not None:
-                out.append("%s %s: %s" % (j.who, d.label, leak_text(d)))
+                out.append("%s %s: %s" % (j.who, d.label, leak_text(d, j)))
             if d.advice.first_forecast is not None:
                 out.append("%s %s: %s" % (j.who, d.label, forecast_text(j, d)))
+                tensors = forecast_tensors(j, d)
+                if tensors:
+                    out.append("  " + tensors)
     first = first_failure(journals)
     if first is not None:
-        head, what = failure_text(*first)
-        out += ["first failure: " + head, what]
+        lines = failure_text(*first)
+        out += ["first failure: " + lines[0]] + lines[1:]
     elif secs:
         out.append("no refusal and no OOM in any journal")
     rows = []
@@ -177,16 +186,20 @@ def arch_verdict(journals):
     return out
 
 
-def leak_text(d):
+def leak_text(d, j=None):
     """`leak: +64 MiB per step since step 3 from train.py:57 in train_step;
     at this rate the limit is reached at step 256, in about 2 h`: the last
-    `leak` line, the time from the steps' recent wall-clock rate."""
+    `leak` line, the time from the steps' recent wall-clock rate (its site
+    in PyTorch's terms with the journal j)."""
     e = d.last_leak
     text = "leak: +%s per step since step %s" % (fmt_size(e.get("rate")),
                                                   as_str(e.get("since_step"), "?"))
+    kept = leak_tensors(j, d) if j is not None else None
     sites = e.get("sites")
-    if isinstance(sites, list) and sites and isinstance(sites[0], dict):
-        loc = where(sites[0])
+    if kept:
+        text += ": " + kept
+    elif isinstance(sites, list) and sites and isinstance(sites[0], dict):
+        loc = where_in(j, sites[0], e.get("t"))
         if loc:
             text += " from " + loc
     ps, step = as_int(e.get("projected_step")), as_int(e.get("step"))
