@@ -138,8 +138,8 @@ class _Instrument(object):
         #: allocate is theirs.
         self.last_backward = []
         self._codes = {}                   # code -> (file, func, skip) for backward's frames
-        self._sites = {}                   # ((code, line), ...) -> a backward call site's frames
-        self._threads = weakref.WeakKeyDictionary()  # thread -> its name, as bytes
+        self._sites = {}                   # (id(code), lasti, ...) -> a backward call site's frames
+        self._threads = {}                 # id(thread) -> (thread, its name as bytes)
         self._attached = False
 
     # --- installing ------------------------------------------------------------
@@ -243,45 +243,54 @@ class _Instrument(object):
         return entry
 
     def _on_backward(self):
+        """Called first thing by the torch.autograd.backward wrapper: the
+        caller's frames to the shim. Cheap where it runs every step: the
+        call site is looked up by its frames' code ids and instruction
+        offsets (no line numbers, no code hashing) and its C array made
+        once; the thread's name is kept by the thread object."""
         try:
             frame = sys._getframe(2)  # the wrapper's caller: Tensor.backward, or the program
-            key, f = [], frame
-            while f is not None and len(key) < 2 * BACKWARD_FRAMES:
-                key.append((f.f_code, f.f_lineno))
+            key, f, n = [], frame, 0
+            while f is not None and n < 2 * BACKWARD_FRAMES:
+                key.append(id(f.f_code))
+                key.append(f.f_lasti)
                 f = f.f_back
+                n += 1
             key = tuple(key)
             site = self._sites.get(key)
             if site is None:
-                site = self._sites[key] = self._site(key)
-            arr, n, self.last_backward = site
+                site = self._sites[key] = self._site(frame)
+            arr, n, self.last_backward, _ = site
             thread = threading.current_thread()
-            name = self._threads.get(thread)
-            if name is None:
+            known = self._threads.get(id(thread))
+            if known is None or known[0] is not thread:
                 if len(self._threads) >= 64:
                     self._threads.clear()
-                name = self._threads[thread] = _utf8(thread.name, 63)
+                known = self._threads[id(thread)] = (thread, _utf8(thread.name, 63))
             self.backwards += 1
-            self.fn_backward(arr, n, name)
+            self.fn_backward(arr, n, known[1])
         except Exception:
             pass
 
-    def _site(self, key):
+    def _site(self, frame):
         """A call site's frames (innermost first, PyTorch's and ours left
-        out), as the C array the shim takes and as snapshot frames."""
+        out), as the C array the shim takes and as snapshot frames; and the
+        code objects its key names by id (kept alive with it)."""
         if len(self._sites) >= _CODES_MAX:
             self._sites.clear()
-        frames, seen = [], []
-        for code, line in key:
+        frames, seen, codes, f = [], [], [], frame
+        while f is not None and len(codes) < 2 * BACKWARD_FRAMES:
+            code, line = f.f_code, f.f_lineno or 0
+            codes.append(code)
+            f = f.f_back
             file, func, skip = self._code(code)
-            if skip:
+            if skip or len(frames) == BACKWARD_FRAMES:
                 continue
-            frames.append(_native.PyFrame(file, func, line or 0))
-            seen.append({"filename": code.co_filename, "line": line or 0,
+            frames.append(_native.PyFrame(file, func, line))
+            seen.append({"filename": code.co_filename, "line": line,
                          "name": getattr(code, "co_qualname", None) or code.co_name})
-            if len(frames) == BACKWARD_FRAMES:
-                break
         arr = (_native.PyFrame * max(1, len(frames)))(*frames)
-        return arr, len(frames), seen
+        return arr, len(frames), seen, codes
 
     # --- PyTorch's view --------------------------------------------------------------
 
