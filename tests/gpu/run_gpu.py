@@ -25,6 +25,10 @@ the journal it leaves:
               sees cuMemCreate
   nccl        a one-rank NCCL all_reduce: the journal sees memory that
               PyTorch's allocator does not own (skipped without NCCL)
+  instrument  gpuguard-run on tests/torch/scripts, unmodified: an OOM in
+              backward named by autograd node and .backward() line with
+              PyTorch's view; a kept graph is a leak with its tensors by
+              line; steps from the optimizer hook
 
 Prints one result line per check and "N passed, N failed"; the figures go to
 $GG_BUILD/gpu-report.json. With --traces DIR every run under the shim also
@@ -657,6 +661,97 @@ def check_nccl(r, dev):
                "" if nccl_sites else " (no frame names NCCL)"), figures)
 
 
+TORCH_SCRIPTS = os.path.join(ROOT, "tests", "torch", "scripts")
+GPUGUARD_RUN = os.path.join(ROOT, "tools", "bin", "gpuguard-run")
+REPORT = os.path.join(ROOT, "tools", "bin", "gpuguard-report")
+
+
+def run_script(r, name, script, args, policy_text):
+    """tests/torch/scripts/SCRIPT through gpuguard-run (instrumented, no
+    import gpuguard): (child, its RESULT lines by kind, the report's verdict)."""
+    r.n += 1
+    d = os.path.join(r.tmp, "%02d-%s" % (r.n, name))
+    os.makedirs(d)
+    ppath = os.path.join(d, "policy.ini")
+    with open(ppath, "w") as f:
+        f.write(policy_text)
+    env = r.env(False, None, {"GPUGUARD_LIB": SHIM})
+    proc = subprocess.run([GPUGUARD_RUN, "--policy", ppath, "--journal-dir", d, sys.executable,
+                           os.path.join(TORCH_SCRIPTS, script)] + list(args),
+                          cwd=d, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, timeout=CHILD_TIMEOUT)
+    child = Child(proc, d)
+    results = {}
+    for line in child.out.splitlines():
+        if line.startswith("RESULT "):
+            res = json.loads(line[len("RESULT "):])
+            results[res.get("kind")] = res
+    verdict = ""
+    if child.files:
+        rep = subprocess.run([sys.executable, REPORT] + child.files, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, timeout=300)
+        verdict = rep.stdout.split("=" * 20)[0]
+    return child, results, verdict
+
+
+def check_instrument(r, dev):
+    """gpuguard-run on unmodified scripts (tests/torch/scripts): an OOM in
+    backward named by node and .backward() line with PyTorch's view; a kept
+    graph is a leak whose tensors are named by line; steps from the
+    optimizer hook. The PyTorch version's hooks, seen working."""
+    total = dev["total"]
+
+    def pol(limit, mode="observe"):
+        return ("[gpu]\nmatch = *\n[memory]\nheadroom = %d\nnear_miss = 0\nmode = %s\n"
+                "[trainer]\nsignal = none\n" % (total - limit, mode))
+    # big enough that the device's own growth outside any call (lazy kernel
+    # loading, cuBLAS's workspaces: ~100 MiB) is small beside the backward's
+    args = ("--batch", "64", "--seq", "1024", "--dim", "1024", "--layers", "4", "--warm", "1")
+    probe_c, probe, _ = run_script(r, "bw-probe", "backward.py", args, pol(total // 2))
+    if "forward" not in probe or "step" not in probe:
+        raise CheckError("backward.py did not run: %s" % probe_c.tail())
+    # the device's use besides PyTorch's cache at the peak (context, libraries),
+    # plus the forward's tensors and half of what backward adds to them: a
+    # cache PyTorch empties and retries in cannot make room for the rest
+    others = probe_c.summary()["peak_used"] - probe["step"]["max_reserved"]
+    growth = probe["step"]["max_allocated"] - probe["forward"]["allocated"]
+    limit = others + probe["forward"]["allocated"] + growth // 2
+    c, res, verdict = run_script(r, "bw-oom", "backward.py", args, pol(limit, "enforce"))
+    problems = []
+    if res.get("oom", {}).get("phase") != "backward":
+        problems.append("no OOM in backward: %s %s" % (res, c.tail()))
+    bw, views = c.of("backward"), [v for v in c.of("torch") if v.get("why") in ("refused", "oom")]
+    if not bw:
+        problems.append("no backward line")
+    if not any(v.get("raised") for v in views):
+        problems.append("no torch view from PyTorch's OOM observer (raised)")
+    if not views:
+        problems.append("no torch view at the refusal")
+    m = [l.strip() for l in verdict.splitlines() if " in backward of `loss.backward()` " in l
+         and "Backward0` asked" in l and ("Refusal" in l or "OOM" in l)]
+    if not m:
+        problems.append("no backward sentence in the verdict:\n" + verdict)
+    c2, res2, verdict2 = run_script(r, "leak", "grow.py",
+                                    ("--steps", "24", "--grow", "0", "--keep"), pol(total // 2))
+    leaks = c2.of("leak")
+    lviews = [v for v in c2.of("torch") if v.get("why") == "leak"]
+    steps = [e.get("step") for e in c2.of("step")]
+    if steps != list(range(1, 25)):
+        problems.append("steps from the optimizer hook: %s" % steps[:30])
+    if not leaks:
+        problems.append("no leak said: %s" % c2.tail())
+    elif not lviews or not any(t.get("pystack") for t in lviews[0].get("tensors", [])):
+        problems.append("no leak view with tensors by line: %s" % lviews)
+    lk = [l.strip() for l in verdict2.splitlines() if "a step kept in" in l]
+    if problems:
+        raise CheckError("; ".join(problems))
+    return ("%s | %s" % (m[0][:400], lk[0][:300] if lk else "(no leak sentence)"),
+            {"backward_sentence": m[0], "leak_sentence": lk[0] if lk else None,
+             "leak_rate": leaks[0].get("rate"),
+             "leak_kept": sum(t["bytes"] for t in lviews[0]["tensors"] if t.get("pystack")),
+             "views": len(c.of("torch")) + len(c2.of("torch"))})
+
+
 CHECKS = [
     ("peak", check_peak),
     ("refusal", check_refusal),
@@ -665,6 +760,7 @@ CHECKS = [
     ("overhead", check_overhead),
     ("expandable", check_expandable),
     ("nccl", check_nccl),
+    ("instrument", check_instrument),
 ]
 
 

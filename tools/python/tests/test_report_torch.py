@@ -557,6 +557,20 @@ class Verdict(Base):
         p.events[3]["raised"] = True
         out = self.main(p.write(self.tmp))
         self.assertNotIn("PyTorch raised", out)
+        # PyTorch's own retry: the same request refused again on the same
+        # thread, then raised: one failure, nothing was recovered
+        p = self.process()
+        p.backward(2.3, self.bwpy, step=5, count=5)
+        for t in (2.5, 2.52):
+            p.incident("refused", t, 0, 256 * MiB, 71 * GiB, stack=POW_BACKWARD, pystack=[],
+                       thread="pt_autograd_0")
+        p.torch(2.6, 0, "refused", step=5, reserved=22 * GiB, allocated=21 * GiB,
+                unallocated=GiB, largest_free=16 * MiB, request=256 * MiB, fits=False)
+        p.events[-1]["raised"] = True
+        p.summary(3.0)
+        out = self.main(p.write(self.tmp))
+        self.assertIn("Refusal at step 5 in backward of `loss.backward()`", out)
+        self.assertNotIn("PyTorch raised", out)
 
     def test_a_leaks_tensors_by_line(self):
         p = self.process()

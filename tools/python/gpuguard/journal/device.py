@@ -9,7 +9,7 @@ import collections
 
 from .advice import AdviceLog
 from .incidents import STACK_EVENTS, Incidents
-from .limits import RECENT_STEPS
+from .limits import RECENT_FAILURES, RECENT_STEPS
 from .phases import Phases
 from .series import StepSeries, Thinned, Timeline, fit_line
 from .values import as_str, num
@@ -44,7 +44,9 @@ class Device(object):
         self.leaks = 0
         self.first_leak = None
         self.last_leak = None
-        self.last_failure = None     # the latest refusal or OOM (its line, with t and step)
+        # the latest refusals and OOMs (their lines, with t and step): which
+        # of them one OutOfMemoryError PyTorch raised covers
+        self.recent_failures = collections.deque(maxlen=RECENT_FAILURES)
         self.leak_marks = Thinned()
         self.modes = []                # (t, mode, why): what `auto` switched to
         self.modes_dropped = 0

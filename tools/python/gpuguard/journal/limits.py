@@ -20,5 +20,6 @@ NOTES_MAX = 100             # notes kept (the rest counted)
 NOTE_CHARS = 8192           # characters kept of a note
 ERRORS_MAX = 50             # distinct error messages kept
 RECENT_STEPS = 64           # step lines the trends and the step rate are fitted on
+RECENT_FAILURES = 16        # refusals and OOMs kept to tell what one raised OutOfMemoryError covers
 ARCH_MAX = 256              # modules with device code kept per journal (the rest counted)
 FIT_POINTS = 4096             # step peaks kept for --recommend's fit (halved when full)

@@ -154,6 +154,20 @@ def tensors_by_line(snap):
     return sorted(groups.values(), key=lambda g: (-g["bytes"], g["label"]))
 
 
+def raised_attempts(failures):
+    """(the last failure, the first of its attempts): PyTorch's allocator
+    tries again after emptying its cache, so one OutOfMemoryError it raises
+    can follow several refusals of the same request from the same thread;
+    the trailing run of failures of the same bytes and thread is one."""
+    last = failures[-1]
+    first = last
+    for e in reversed(failures):
+        if e.get("bytes") != last.get("bytes") or e.get("thread") != last.get("thread"):
+            break
+        first = e
+    return last, first
+
+
 class TorchDevice(object):
     """One device's `torch` lines: how many, by why; the first and the last
     of each why; the one that answered the device's first refusal or OOM;
@@ -165,7 +179,7 @@ class TorchDevice(object):
         self.first = OrderedDict()
         self.last = OrderedDict()
         self.answer = None
-        self.raised = None       # (the first snapshot PyTorch raised at, the failure before it)
+        self.raised = None       # (the first snapshot PyTorch raised at, its failure, its first attempt)
         self.max_reserved = None
         self.expandable = False
 
@@ -216,8 +230,8 @@ class TorchLog(object):
         snap = snapshot(ev, t)
         td = self.device(d.dev)
         td.add(snap, min(firsts) if firsts else None)
-        if snap["raised"] and td.raised is None and d.last_failure is not None:
-            td.raised = (snap, d.last_failure)
+        if snap["raised"] and td.raised is None and d.recent_failures:
+            td.raised = (snap,) + raised_attempts(d.recent_failures)
 
     def view(self, obj, t=None, key="pystack", stack_key="stack", nearest=False):
         """The readable View of a stack (an incident, a site, the summary's

@@ -225,7 +225,7 @@ class Journal(object):
         step = d.last_step[0] if d.last_step else None
         d.events[kind].add(ev, t, step, self.pt)
         if kind != "near_miss":
-            d.last_failure = dict(ev, t=t, step=step)
+            d.recent_failures.append(dict(ev, t=t, step=step))
         used = num(ev.get("used"))
         if used is not None and (d.max_used is None or used > d.max_used):
             d.max_used = used

@@ -142,9 +142,9 @@ def raised_lines(j, d, first):
     td = torch_device(j, d)
     if td is None or td.raised is None:
         return []
-    snap, e = td.raised
-    if first is not None and e["t"] <= first["t"]:
-        return []
+    snap, e, attempt = td.raised
+    if first is not None and attempt["t"] <= first["t"]:
+        return []  # the first failure is (a try of) the one PyTorch raised
     head = ("PyTorch raised torch.OutOfMemoryError %s into the run, at a later failure; the ones "
             "before it were recovered (PyTorch emptied its cache and the retry fit):"
             % fmt_t(e["t"]))
