@@ -17,6 +17,7 @@
 #include "prim.h"
 #include "react.h"
 #include "steps.h"
+#include "torch.h"
 
 /* ---- the rows of metrics.def ------------------------------------------------------ */
 
@@ -252,6 +253,13 @@ static struct value device_value(enum metric_id id, int dev, const struct gg_dev
                      : id == M_forecast_peak ? s.fc_bytes
                      : id == M_leak_rate     ? s.leak_rate
                                              : s.leak_projected);
+    case M_torch_unalloc:
+    case M_torch_largest: {
+        uint64_t unallocated, largest;
+        if (!gg_torch_last_view(dev, &unallocated, &largest))
+            return none;
+        return whole(id == M_torch_unalloc ? unallocated : largest);
+    }
     default:
         return none;
     }
@@ -326,7 +334,11 @@ size_t gg_metrics_render(char *buf, size_t cap)
     double now_wall = gg_wall_s();
     for (int id = 0; id < METRICS; id++)
         family(&o, (enum metric_id)id, now_wall);
-    return o.full ? 0 : o.len;
+    if (o.full)
+        return 0;
+    if (o.len < cap)
+        buf[o.len] = '\0'; /* not counted: a family without series left its text behind */
+    return o.len;
 }
 
 /* The most the text can take: every series of every metric. */

@@ -43,6 +43,10 @@ static _Atomic uint64_t history_until;
  * that step's tensors that outlived the next. */
 static _Atomic uint64_t leak_due1[GG_MAX_DEVICES];
 
+/* The last view's reserved-but-unallocated bytes and largest free block,
+ * + 1 (0: no view yet), for the metrics. */
+static _Atomic uint64_t last_unallocated1[GG_MAX_DEVICES], last_largest1[GG_MAX_DEVICES];
+
 /* The requests handed out lately, for their answers. */
 #define ISSUED 16
 static struct issued {
@@ -164,6 +168,19 @@ void gg_torch_leak(int dev, uint64_t step)
     gg_atomic_max(&history_until, step + 1);
     atomic_store(&history_want, true);
     schedule(); /* history on now, for step + 1 */
+}
+
+bool gg_torch_last_view(int dev, uint64_t *unallocated, uint64_t *largest_free)
+{
+    if ((unsigned)dev >= GG_MAX_DEVICES)
+        return false;
+    uint64_t u = atomic_load_explicit(&last_unallocated1[dev], memory_order_relaxed),
+             l = atomic_load_explicit(&last_largest1[dev], memory_order_relaxed);
+    if (!u || !l)
+        return false;
+    *unallocated = u - 1;
+    *largest_free = l - 1;
+    return true;
 }
 
 bool gg_torch_step(uint64_t *step)
@@ -320,6 +337,9 @@ void gg_torch_answer(const struct gpuguard_torch_view *v)
         e.tensors = v->tensors;
     }
     gg_events_torch(&e);
+    uint64_t unallocated = v->reserved > v->allocated ? v->reserved - v->allocated : 0;
+    atomic_store_explicit(&last_unallocated1[v->dev], unallocated + 1, memory_order_relaxed);
+    atomic_store_explicit(&last_largest1[v->dev], v->largest_free + 1, memory_order_relaxed);
 }
 
 void gg_torch_reset(void)
@@ -329,6 +349,8 @@ void gg_torch_reset(void)
         atomic_store(&near_asked[i], 0);
         atomic_store(&last_failure[i], 0);
         atomic_store(&leak_due1[i], 0);
+        atomic_store(&last_unallocated1[i], 0);
+        atomic_store(&last_largest1[i], 0);
     }
     atomic_store(&callback, NULL);
     atomic_store(&scheduled, false);

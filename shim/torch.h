@@ -51,6 +51,9 @@ void gg_torch_boundary(uint64_t step);
 void gg_torch_forecast(int dev, uint64_t fc_step);
 /* A leak was said on device dev at the boundary of step `step`. */
 void gg_torch_leak(int dev, uint64_t step);
+/* PyTorch's reserved-but-unallocated bytes and largest free block on dev at
+ * the last view; false before the first (the metrics). */
+bool gg_torch_last_view(int dev, uint64_t *unallocated, uint64_t *largest_free);
 /* The step in progress (the last boundary's + 1); false before the first
  * boundary. */
 bool gg_torch_step(uint64_t *step);

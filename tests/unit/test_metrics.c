@@ -29,6 +29,7 @@
 #include "metrics.h"
 #include "react.h"
 #include "steps.h"
+#include "torch.h"
 #include "unit.h"
 
 #define GiB (1ULL << 30)
@@ -169,6 +170,8 @@ static void test_render(void)
     /* the unused device has no series; a metric without any has no help */
     CHECK(strstr(text, "gpu=\"1\"") == NULL);
     CHECK(strstr(text, "gpuguard_batch_size") == NULL);
+    CHECK(strstr(text, "gpuguard_torch_unallocated_bytes") == NULL); /* no view yet */
+    CHECK(strstr(text, "gpuguard_torch_largest_free_bytes") == NULL);
     /* every line: a comment or a series; each metric's HELP, then TYPE */
     int helps = 0, types = 0;
     for (char *line = text, *nl; (nl = strchr(line, '\n')); line = nl + 1) {
@@ -182,6 +185,23 @@ static void test_render(void)
     CHECK(helps == types && helps >= 18);
     /* too small a buffer: nothing, never half a file */
     CHECK(gg_metrics_render(text, n - 1) == 0);
+    /* PyTorch's view (the instrumentation's answer): its free bytes and largest block */
+    struct gpuguard_torch_view tv;
+    memset(&tv, 0, sizeof tv);
+    tv.dev = 0;
+    snprintf(tv.why, sizeof tv.why, "oom");
+    tv.reserved = 8 * GiB;
+    tv.allocated = 5 * GiB;
+    tv.largest_free = 512 * MiB;
+    gg_torch_answer(&tv);
+    CHECK(gg_metrics_render(text, sizeof text) > 0);
+    snprintf(want, sizeof want, "job=\"job\\\\1\\n\"} %llu\n# HELP gpuguard_torch_largest_free_bytes",
+             3 * GiB);
+    CHECK(strstr(text, want) != NULL);
+    snprintf(want, sizeof want, "job=\"job\\\\1\\n\"} %llu\n", 512 * MiB);
+    CHECK(strstr(strstr(text, "\ngpuguard_torch_largest_free_bytes{"), want) != NULL);
+    CHECK(strstr(text, "\n# TYPE gpuguard_torch_unallocated_bytes gauge\n") != NULL);
+    gg_torch_reset();
 }
 
 static void test_atomic_write(void)
@@ -358,6 +378,13 @@ static int rewrite(const char *where, long n, long pause_us)
     struct gg_metrics_config c = config(where, 15);
     if (!gg_metrics_open(&c))
         return 1;
+    struct gpuguard_torch_view tv;
+    memset(&tv, 0, sizeof tv);
+    snprintf(tv.why, sizeof tv.why, "near_miss");
+    tv.reserved = 2 * GiB;
+    tv.allocated = GiB;
+    tv.largest_free = 256 * MiB;
+    gg_torch_answer(&tv); /* PyTorch's view: its metrics have series too */
     for (long i = 1; i <= n; i++) {
         struct gg_step_verdict v;
         gg_steps_boundary(&gg_devices[0], 0, (uint64_t)i, false, &v);
