@@ -539,8 +539,34 @@ class Files(MetricsCase):
 class Said(MetricsCase):
     """A directory the shim cannot use: one line, and nothing else changes."""
 
+    def world(self):
+        """The program, the shim and the fake CUDA stack copied where a user
+        other than root can read them: the checkout may sit in a directory
+        only root can enter (a clone in `mktemp -d`'s 0700 directory).
+        (the program's path, the shim's, the fakes' directory)"""
+        w = os.path.join(self.tmp, "world")
+        if not os.path.isdir(w):
+            os.makedirs(os.path.join(w, "tests", "progs"))
+            shutil.copytree(FAKE, os.path.join(w, "fake"), symlinks=True)
+            shutil.copy2(SCRIPT, os.path.join(w, "tests", "progs", "script"))
+            shutil.copy2(SHIM, os.path.join(w, "libgpuguard.so"))
+            for d, _, files in os.walk(w):
+                os.chmod(d, 0o755)
+                for n in files:
+                    p = os.path.join(d, n)
+                    if not os.path.islink(p):
+                        os.chmod(p, os.stat(p).st_mode | 0o444 | (0o111 if os.stat(p).st_mode & 0o100 else 0))
+            os.chmod(self.tmp, 0o755)
+        return (os.path.join(w, "tests", "progs", "script"), os.path.join(w, "libgpuguard.so"),
+                os.path.join(w, "fake"))
+
     def run_script(self, env, drop=False):
-        cmds = [SCRIPT, "alloc:1G", "sleep:1200", "freeall", "print:end"]
+        script = SCRIPT
+        if drop:
+            script, shim, fake = self.world()
+            env = dict(env, LD_PRELOAD=env["LD_PRELOAD"].replace(SHIM, shim),
+                       LD_LIBRARY_PATH=env["LD_LIBRARY_PATH"].replace(FAKE, fake))
+        cmds = [script, "alloc:1G", "sleep:1200", "freeall", "print:end"]
         run_dir = tempfile.mkdtemp(prefix="run-", dir=self.tmp)
         os.chmod(run_dir, 0o777)
         env = dict(env, GPUGUARD_JOURNAL_DIR=run_dir)
