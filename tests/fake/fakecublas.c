@@ -12,10 +12,18 @@
  * in device memory, which the fake GPU does not back. The functions that
  * only compute are in cublas.def.
  *
+ * FAKECUDA_CUBLAS_WORKSPACE=BYTES (K/M/G binary suffixes; default 0): each
+ * cuBLAS handle allocates that much device memory at cublasCreate through
+ * the driver (cuMemAlloc_v2, looked up in the global scope: the shim's when
+ * it is preloaded), as the real cuBLAS 13 does (64 MiB on an H200 under
+ * PyTorch 2.11), and fails with CUBLAS_STATUS_ALLOC_FAILED when the driver
+ * says no: the RuntimeError PyTorch raises then is not an OutOfMemoryError.
+ *
  * Types are defined here, not taken from cublas_api.h, whose prototypes the
  * stubs of cublas.def do not follow (each takes whatever it is given and
  * returns success, which the x86-64 calling convention allows).
  */
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +61,7 @@ struct object {
     int math_mode, pointer_mode, atomics_mode;
     void *workspace;
     size_t workspace_size;
+    unsigned long long own; /* device memory the handle allocated itself (FAKECUDA_CUBLAS_WORKSPACE) */
 };
 
 static cublasStatus_t create(void **out, uint32_t magic)
@@ -92,15 +101,58 @@ static cublasStatus_t destroy(void *h, uint32_t magic)
     if (!o)                                             \
         return CUBLAS_STATUS_NOT_INITIALIZED
 
+/* FAKECUDA_CUBLAS_WORKSPACE, in bytes. */
+static size_t handle_bytes(void)
+{
+    const char *s = getenv("FAKECUDA_CUBLAS_WORKSPACE");
+    if (!s || !*s)
+        return 0;
+    char *end;
+    double v = strtod(s, &end);
+    size_t unit = 1;
+    switch (*end) {
+    case 'K': unit = 1ull << 10; break;
+    case 'M': unit = 1ull << 20; break;
+    case 'G': unit = 1ull << 30; break;
+    default: break;
+    }
+    return v > 0 ? (size_t)(v * (double)unit) : 0;
+}
+
+typedef int (*mem_alloc_fn)(unsigned long long *, size_t);
+typedef int (*mem_free_fn)(unsigned long long);
+
 EXPORT cublasStatus_t cublasCreate_v2(void **handle);
 EXPORT cublasStatus_t cublasCreate_v2(void **handle)
 {
-    return create(handle, HANDLE);
+    cublasStatus_t st = create(handle, HANDLE);
+    size_t bytes = handle_bytes();
+    if (st != CUBLAS_STATUS_SUCCESS || !bytes)
+        return st;
+    mem_alloc_fn alloc;
+    void *sym = dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
+    memcpy(&alloc, &sym, sizeof sym);
+    unsigned long long dptr = 0;
+    if (!alloc || alloc(&dptr, bytes) != 0) {
+        destroy(*handle, HANDLE);
+        *handle = NULL;
+        return CUBLAS_STATUS_ALLOC_FAILED;
+    }
+    ((struct object *)*handle)->own = dptr;
+    return CUBLAS_STATUS_SUCCESS;
 }
 
 EXPORT cublasStatus_t cublasDestroy_v2(void *handle);
 EXPORT cublasStatus_t cublasDestroy_v2(void *handle)
 {
+    struct object *o = object_of(handle, HANDLE);
+    if (o && o->own) {
+        mem_free_fn release;
+        void *sym = dlsym(RTLD_DEFAULT, "cuMemFree_v2");
+        memcpy(&release, &sym, sizeof sym);
+        if (release)
+            release(o->own);
+    }
     return destroy(handle, HANDLE);
 }
 
