@@ -321,10 +321,9 @@ void gg_torch_answer(const struct gpuguard_torch_view *v)
     e.request = v->request ? v->request : asked_bytes;
     e.has_request = e.request != 0;
     e.fits = -1;
-    if (e.has_request) {
-        uint64_t unallocated = v->reserved > v->allocated ? v->reserved - v->allocated : 0;
+    uint64_t unallocated = v->reserved > v->allocated ? v->reserved - v->allocated : 0;
+    if (e.has_request)
         e.fits = e.request > v->largest_free && e.request <= unallocated + free_outside(v->dev);
-    }
     e.segments[0] = v->seg_small;
     e.segments[1] = v->seg_large;
     e.segments[2] = v->seg_huge;
@@ -337,7 +336,6 @@ void gg_torch_answer(const struct gpuguard_torch_view *v)
         e.tensors = v->tensors;
     }
     gg_events_torch(&e);
-    uint64_t unallocated = v->reserved > v->allocated ? v->reserved - v->allocated : 0;
     atomic_store_explicit(&last_unallocated1[v->dev], unallocated + 1, memory_order_relaxed);
     atomic_store_explicit(&last_largest1[v->dev], v->largest_free + 1, memory_order_relaxed);
 }

@@ -11,16 +11,6 @@
 
 static char dir[] = "/tmp/gg_journal_XXXXXX";
 
-static size_t slurp(const char *path, char *buf, size_t cap)
-{
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
-    buf[n] = '\0';
-    if (f)
-        fclose(f);
-    return n;
-}
-
 static void test_open_and_write(void)
 {
     char want[256], buf[1024];
@@ -31,7 +21,7 @@ static void test_open_and_write(void)
     CHECK_STR(gg_journal_path(), want);
     gg_journal_release(true);
     gg_journal_write("{\"a\":1}\n", 8);
-    slurp(want, buf, sizeof buf);
+    unit_slurp(want, buf, sizeof buf);
     CHECK_STR(buf, "{\"held\":1}\n{\"a\":1}\n");
     /* never a second journal over the first: the same pid's next life
      * (exec'ed, or the same pid in another container) gets the next name */
@@ -39,7 +29,7 @@ static void test_open_and_write(void)
     snprintf(want, sizeof want, "%s/gpuguard.trainer.rank3.%d-2.jsonl", dir, (int)getpid());
     CHECK_STR(gg_journal_path(), want);
     snprintf(want, sizeof want, "%s/gpuguard.trainer.rank3.%d.jsonl", dir, (int)getpid());
-    slurp(want, buf, sizeof buf);
+    unit_slurp(want, buf, sizeof buf);
     CHECK_STR(buf, "{\"held\":1}\n{\"a\":1}\n");
     CHECK(gg_journal_open(dir, "trainer", -1));
 }
@@ -58,14 +48,14 @@ static void test_taken_over(void)
     int fd = open(own, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     CHECK(fd >= 3);
     gg_journal_write("{\"b\":2}\n", 8);
-    slurp(own, buf, sizeof buf);
+    unit_slurp(own, buf, sizeof buf);
     CHECK_STR(buf, "");
-    slurp(saved, buf, sizeof buf);
+    unit_slurp(saved, buf, sizeof buf);
     CHECK_STR(buf, "{\"b\":2}\n");
     close(fd);
     gg_journal_drop();
     gg_journal_write("{\"c\":3}\n", 8); /* dropped: nowhere */
-    slurp(saved, buf, sizeof buf);
+    unit_slurp(saved, buf, sizeof buf);
     CHECK_STR(buf, "{\"b\":2}\n");
     CHECK(gg_journal_path() == NULL);
 }

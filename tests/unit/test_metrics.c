@@ -65,16 +65,6 @@ static struct gg_metrics_config config(const char *where, unsigned interval)
                                       "host\"1", 3, -1, "job\\1\n"};
 }
 
-static size_t slurp(const char *path, char *buf, size_t cap)
-{
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
-    buf[n] = '\0';
-    if (f)
-        fclose(f);
-    return n;
-}
-
 /* Names in dir (not . and ..), joined by spaces, sorted by readdir order. */
 static int listing(const char *where, char *out, size_t cap)
 {
@@ -217,7 +207,7 @@ static void test_atomic_write(void)
     CHECK(gg_metrics_write());
     umask(old);
     CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0644);
-    CHECK(slurp(path, text, sizeof text) > 0 && strstr(text, "# HELP gpuguard_") == text);
+    CHECK(unit_slurp(path, text, sizeof text) > 0 && strstr(text, "# HELP gpuguard_") == text);
     /* the temporary file is gone: only the .prom is left */
     CHECK(listing(dir, names, sizeof names) == 1);
     /* a temporary file a write cut short left behind is replaced */
@@ -239,7 +229,7 @@ static void test_atomic_write(void)
     CHECK(symlink(victim, path) == 0);
     CHECK(gg_metrics_write());
     CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode));
-    slurp(victim, buf, sizeof buf);
+    unit_slurp(victim, buf, sizeof buf);
     CHECK_STR(buf, "precious\n");
     CHECK(listing(dir, names, sizeof names) == 1);
     unlink(victim);
@@ -262,7 +252,7 @@ static void captured(void (*fn)(void *), void *arg, char *out, size_t cap)
     fn(arg);
     dup2(saved, 2);
     close(saved);
-    slurp(path, out, cap);
+    unit_slurp(path, out, cap);
     unlink(path);
 }
 

@@ -25,11 +25,7 @@ static char text[1 << 20];
 
 static const char *journal(void)
 {
-    FILE *f = fopen(gg_journal_path(), "r");
-    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
-    text[n] = '\0';
-    if (f)
-        fclose(f);
+    unit_slurp(gg_journal_path(), text, sizeof text);
     return text;
 }
 

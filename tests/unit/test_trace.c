@@ -13,16 +13,6 @@
 
 static char dir[] = "/tmp/gg_trace_XXXXXX";
 
-static size_t slurp(const char *path, char *buf, size_t cap)
-{
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
-    buf[n] = '\0';
-    if (f)
-        fclose(f);
-    return n;
-}
-
 /* Line k (from 0) of text, into out. */
 static const char *line_of(const char *text, int k, char *out, size_t cap)
 {
@@ -56,7 +46,7 @@ static void test_early_lookups_come_first(void)
     gg_trace_open(pattern);
     CHECK(!gg_trace_early());
     gg_trace_lookup("dlsym", "cuMemCreate", -1, 0, 0);
-    slurp(path, buf, sizeof buf);
+    unit_slurp(path, buf, sizeof buf);
     snprintf(want, sizeof want, "gpuguard-trace 1 pid=%d", (int)getpid());
     CHECK_STR(line_of(buf, 0, l, sizeof l), want);
     CHECK_STR(line_of(buf, 1, l, sizeof l), "lookup getproc cuMemAlloc 12080 0 ?");
@@ -89,7 +79,7 @@ static void test_every_line(void)
     gg_trace_api("step", 7, 0);
     gg_trace_api("batch", 16, 2);
     gg_trace_api("ack", 3, 0);
-    slurp(path, buf, sizeof buf);
+    unit_slurp(path, buf, sizeof buf);
     long tid = (long)syscall(SYS_gettid);
     snprintf(want, sizeof want, "gpuguard-trace 1 pid=%d", (int)getpid());
     CHECK_STR(line_of(buf, 0, l, sizeof l), want);
@@ -127,13 +117,13 @@ static void test_child_and_existing_file(void)
 {
     char path[300], before[8192], after[8192];
     snprintf(path, sizeof path, "%s/trace.%d", dir, (int)getpid());
-    slurp(path, before, sizeof before);
+    unit_slurp(path, before, sizeof before);
     gg_trace_after_fork();
     CHECK(!gg_tracing());
     gg_trace_api("step", 8, 0);
     gg_trace_open(path); /* exists: said on stderr, no trace */
     CHECK(!gg_tracing());
-    slurp(path, after, sizeof after);
+    unit_slurp(path, after, sizeof after);
     CHECK_STR(after, before);
 }
 

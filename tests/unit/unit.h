@@ -57,6 +57,18 @@ static int unit_passed, unit_failed, unit_checks_failed;
         fflush(stdout);                                                          \
     } while (0)
 
+/* The file at path into buf (at most cap - 1 bytes, NUL-terminated): its
+ * length; an unreadable file or no path reads as empty. */
+static inline size_t unit_slurp(const char *path, char *buf, size_t cap)
+{
+    FILE *f = path ? fopen(path, "r") : NULL;
+    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+    buf[n] = '\0';
+    if (f)
+        fclose(f);
+    return n;
+}
+
 static inline int unit_done(void)
 {
     printf("%d passed, %d failed\n", unit_passed, unit_failed);

@@ -31,10 +31,12 @@ def set_substitutions(pairs):
 
 
 def substituted(path):
-    for old, new in _substitutions:
-        if path == old or path.startswith(old if old.endswith("/") else old + "/"):
-            return new.rstrip("/") + path[len(old.rstrip("/")):] if old != "/" else \
-                os.path.join(new, path.lstrip("/"))
+    """Where to read path: under the first substitution whose FROM holds it."""
+    for old, new in _substitutions:  # old: "/", or without a trailing "/"
+        if old == "/" and path.startswith("/"):
+            return os.path.join(new, path[1:])
+        if path == old or path.startswith(old + "/"):
+            return new.rstrip("/") + path[len(old):]
     return path
 
 

@@ -136,9 +136,8 @@ def failure_sentence(j, d, e, snap=None):
 def raised_lines(j, d, first):
     """When PyTorch raised OutOfMemoryError at a later failure than the
     first (the ones before were recovered: it emptied its cache and the
-    retry fit), that failure's sentence: [`PyTorch raised
-    torch.OutOfMemoryError 0.66 s into the run; the 2 failures before it were
-    recovered (...)`, sentence]; [] otherwise."""
+    retry fit): [`PyTorch raised torch.OutOfMemoryError 0.66 s into the run,
+    at a later failure; ...:`, that failure's sentence]; [] otherwise."""
     td = torch_device(j, d)
     if td is None or td.raised is None:
         return []
