@@ -184,6 +184,20 @@ static struct module *module_get(struct table *t, const struct object *o,
     return m;
 }
 
+/* Was the file at path judged already, as another module (the same library
+ * unloaded and loaded again at another address)? A module is judged once
+ * per file: what it carries does not change with where it is mapped. */
+static bool judged_before(struct table *t, const char *path, const struct module *self)
+{
+    if (!path[0])
+        return false; /* the main program: loaded once */
+    unsigned n = atomic_load_explicit(&t->n, memory_order_acquire);
+    for (unsigned i = 0; i < n; i++)
+        if (&t->m[i] != self && atomic_load(&t->m[i].checked) && !strcmp(t->m[i].obj.path, path))
+            return true;
+    return false;
+}
+
 /* ---- judging -------------------------------------------------------------- */
 
 /* Whose a module is, in its user's terms (origin.h), found once per
@@ -361,7 +375,7 @@ static bool read_code(const struct object *o, uintptr_t reg_first, uintptr_t reg
 static void judge_module(struct module *m)
 {
     struct table *t = atomic_load(&table);
-    if (atomic_exchange(&m->checked, true))
+    if (judged_before(t, m->obj.path, m) || atomic_exchange(&m->checked, true))
         return;
     uintptr_t first = 0, last = 0;
     if (try_lock(&t->lock)) {
@@ -436,6 +450,8 @@ static void check_candidate(struct table *t, const struct object *o, unsigned lo
         gg_progress();
         return;
     }
+    if (judged_before(t, o->path, NULL))
+        return;
     struct gg_fatbin fb;
     bool from_memory;
     uint64_t ns;
