@@ -190,6 +190,45 @@ class MicrobatchesWithTorch(TorchCase):
         self.assertEqual(run.files, [])
 
 
+class BackwardWithTorch(TorchCase):
+    """guard.backward(loss) in a `for mb in guard.microbatches(batch)` loop
+    scales by the piece the loop is on: the accumulated gradients are the
+    whole batch's, however the batch was split; where the piece cannot be
+    known it raises at the first call."""
+
+    def policy(self, batch):
+        path = os.path.join(self.tmp, "batch%d.ini" % batch)
+        with open(path, "w") as f:
+            f.write("[trainer]\nbatch_size = %d\napply_batch = yes\n" % batch)
+        return path
+
+    def check(self, r, splits):
+        self.assertEqual(r["splits"], splits)
+        self.assertLess(r["max_grad_error"], TOLERANCE)
+        self.assertLessEqual(max_diff(r["params"], r["reference"]), TOLERANCE)
+        for key in ("outside", "copied", "other_thread"):
+            self.assertIsNotNone(r[key], key)
+            self.assertIn("guard.backward(loss, mb)", r[key])
+        sys.stdout.write("[max |grad - whole batch's| %.1e] " % r["max_grad_error"])
+
+    def test_split_by_an_advice_into_two_then_four(self):
+        r, run = self.job("backward", "near")
+        self.check(r, [[32]] * 4 + [[16, 16]] * 3 + [[8] * 4])
+        self.assertEqual([a["reason"] for a in run.of("advice")], ["near_miss"] * 2)
+
+    def test_split_by_a_policy_into_uneven_pieces(self):
+        for batch, pieces in ((16, [16, 16]), (11, [11, 11, 10]), (8, [8] * 4)):
+            # near-small on a 24 GiB GPU: device memory in use, far from the line
+            r, _ = self.job("backward", "near-small", GPUGUARD_POLICY=self.policy(batch))
+            self.check(r, [pieces] * 8)
+
+    def test_one_piece_without_the_shim(self):
+        r, run = self.job("backward", "none", preload=False)
+        self.assertFalse(r["active"])
+        self.check(r, [[32]] * 8)
+        self.assertEqual(run.files, [])
+
+
 class RanksWithTorch(TorchCase):
     def test_two_ranks_split_alike_and_end_equal(self):
         (r0, r1), cwd, seconds = self.two_ranks("dist", ["near-small", "near-small"])

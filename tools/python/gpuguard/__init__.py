@@ -12,8 +12,7 @@ batch is split into micro-batches whose gradients add up to the batch's::
     guard = gpuguard.Guard(batch_size=32, min_batch_size=1)
     for batch in loader:
         for mb in guard.microbatches(batch):     # 1 x 32; after an advice 2 x 16; ...
-            loss = loss_fn(model(mb.data), mb.data) * mb.weight
-            loss.backward()
+            guard.backward(loss_fn(model(mb.data), mb.data))  # loss x len(mb)/len(batch)
         optimizer.step(); optimizer.zero_grad()
 
 ``Guard.run(batch, step, zero_grad)`` does the same and also survives an
@@ -36,13 +35,14 @@ import threading
 import traceback
 import warnings
 import weakref
+from collections.abc import Sequence
 
 from . import _native, _split
 
 __version__ = "0.1.0"
 
-__all__ = ["Guard", "MicroBatch", "GpuguardWarning", "DEFAULT_SIGNAL", "NOTE_LIMIT",
-           "__version__"]
+__all__ = ["Guard", "MicroBatch", "MicroBatches", "GpuguardWarning", "UsageError",
+           "DEFAULT_SIGNAL", "NOTE_LIMIT", "__version__"]
 
 log = logging.getLogger("gpuguard")
 
@@ -60,6 +60,11 @@ _helper_steps = False
 
 class GpuguardWarning(RuntimeWarning):
     """Raised (as a warning) when the guard cannot do its job."""
+
+
+class UsageError(RuntimeError):
+    """The helper was called in a way whose meaning it cannot know (raised
+    at once, never after training has silently changed)."""
 
 
 class _DefaultSignal(object):
@@ -241,6 +246,74 @@ class MicroBatch(object):
             self.index + 1, self.count, self.size, self.weight)
 
 
+class _Running(object):
+    """The piece each thread's loop is on: what guard.backward(loss) scales
+    by. Keyed by thread, so a backward called from another thread than the
+    loop's finds no piece rather than the loop's."""
+
+    __slots__ = ("_by_thread", "_lock")
+
+    def __init__(self):
+        self._by_thread = {}
+        self._lock = threading.Lock()
+
+    def get(self):
+        return self._by_thread.get(threading.get_ident())
+
+    def swap(self, mb):
+        """Makes `mb` (or None) this thread's piece; returns the one before."""
+        ident = threading.get_ident()
+        with self._lock:
+            before = self._by_thread.get(ident)
+            if mb is None:
+                self._by_thread.pop(ident, None)
+            else:
+                self._by_thread[ident] = mb
+            return before
+
+    def walk(self, pieces):
+        """Yields the pieces, each this thread's running piece while the
+        loop's body runs; none once the loop ends, breaks or is consumed at
+        once (a copy made with list() gives its loop no piece)."""
+        ident = threading.get_ident()
+        before = self.swap(None)
+        try:
+            for mb in pieces:
+                self.swap(mb)
+                yield mb
+                self.swap(None)
+        finally:
+            # A generator closed by the garbage collector may run this on
+            # another thread: only the loop's own thread is put back.
+            if threading.get_ident() == ident:
+                self.swap(before)
+
+
+class MicroBatches(Sequence):
+    """The pieces of one batch, as microbatches() returns them: a sequence of
+    MicroBatch (len(), indexing). Looping over it makes each piece, in turn,
+    the one guard.backward(loss) scales by on the loop's thread."""
+
+    __slots__ = ("_pieces", "_running")
+
+    def __init__(self, pieces, running):
+        self._pieces = list(pieces)
+        self._running = running
+
+    def __len__(self):
+        return len(self._pieces)
+
+    def __getitem__(self, i):
+        return self._pieces[i]
+
+    def __iter__(self):
+        return self._running.walk(self._pieces)
+
+    def __repr__(self):
+        return "<gpuguard.MicroBatches %d pieces: %s>" % (
+            len(self._pieces), ", ".join(str(mb.size) for mb in self._pieces))
+
+
 class Guard(object):
     """The trainer's handle on libgpuguard.so.
 
@@ -299,7 +372,7 @@ class Guard(object):
         self.history = []
         #: Out-of-memory errors that run() caught and recovered from.
         self.ooms = 0
-        self._running = None     # the micro-batch run() is running (backward())
+        self._running = _Running()  # per thread, the piece a loop is on (backward())
         self._said_bare = False  # run() said once that it halves without the shim
         # The last batch's step is told at exit too (the next boundary never comes).
         ref = weakref.ref(self)
@@ -524,13 +597,16 @@ class Guard(object):
     def _pieces(self, batch, split):
         parts = _split.split(batch, split)
         if len(parts) == 1:
-            return [MicroBatch(batch, 1.0, parts[0][1], 0, 1)]
+            return MicroBatches([MicroBatch(batch, 1.0, parts[0][1], 0, 1)], self._running)
         n = float(sum(size for _, size in parts))
-        return [MicroBatch(data, size / n, size, i, len(parts))
-                for i, (data, size) in enumerate(parts)]
+        return MicroBatches([MicroBatch(data, size / n, size, i, len(parts))
+                             for i, (data, size) in enumerate(parts)], self._running)
 
     def microbatches(self, batch):
-        """The pieces to run for `batch`: a list of MicroBatch.
+        """The pieces to run for `batch`: a MicroBatches, a sequence of
+        MicroBatch. While a ``for`` loop over it runs a piece's body,
+        ``guard.backward(loss)`` on the loop's thread scales by that piece's
+        weight.
 
         The batch is split along its first dimension: tensors (anything with
         a shape), and nested dicts, lists and tuples of them; a list or tuple
@@ -583,7 +659,6 @@ class Guard(object):
             need = fatal = None
             try:
                 for mb in pieces:
-                    self._running = mb
                     step(mb)
             except Exception as e:
                 if not _is_oom(e):
@@ -593,8 +668,6 @@ class Guard(object):
                 need = self._split_after_oom(batch, len(pieces))
                 if need is None:
                     fatal = e  # raised once the other ranks know
-            finally:
-                self._running = None
             # The failed attempt's frames (and their tensors) are gone here.
             local = [need or 0, 1 if fatal is not None else 0,
                      self._rank() + 1 if fatal is not None else 0]
@@ -621,12 +694,24 @@ class Guard(object):
 
     def backward(self, loss, mb=None, **kwargs):
         """``loss.backward(**kwargs)`` of one micro-batch, the loss scaled by
-        the micro-batch's weight (``mb``'s, or that of the one run() is
-        running), so that the pieces' gradients add up to the whole batch's
-        mean loss, as Accelerate's ``backward`` divides by the accumulation.
-        The manual form, ``(loss * mb.weight).backward()``, stays valid."""
-        mb = mb if mb is not None else self._running
-        weight = mb.weight if mb is not None else 1.0
+        the micro-batch's weight, so that the pieces' gradients add up to the
+        whole batch's mean loss, as Accelerate's ``backward`` divides by the
+        accumulation. The piece is ``mb`` when given, else the one this
+        thread's ``for mb in guard.microbatches(batch)`` loop (or run()) is
+        on. Anywhere else (outside both, or on another thread than the
+        loop's) the weight is unknown and it raises UsageError, at the first
+        such call, split or not: a guess would train on a loss as many times
+        too large as there are pieces. The manual form,
+        ``(loss * mb.weight).backward()``, stays valid."""
+        if mb is None:
+            mb = self._running.get()
+            if mb is None:
+                raise UsageError(
+                    "gpuguard: guard.backward(loss) was called outside a `for mb in "
+                    "guard.microbatches(batch)` loop (or guard.run()) on this thread, so the "
+                    "piece's weight is unknown; call it inside the loop, or pass the piece: "
+                    "guard.backward(loss, mb)")
+        weight = mb.weight
         return (loss * weight if weight != 1.0 else loss).backward(**kwargs)
 
     def finish(self):

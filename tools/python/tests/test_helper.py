@@ -749,8 +749,62 @@ class FirstContactTest(Base):
         mb = g.microbatches(FakeArray(range(8)))[0]     # 4 pieces of 2
         g.backward(Loss(3.0), mb)                        # the manual loop passes its piece
         self.assertEqual(seen[-1], (0.75, {}))
-        g.backward(Loss(5.0))                            # outside run(): as is
-        self.assertEqual(seen[-1], (5.0, {}))
+        with self.assertRaises(gpuguard.UsageError):     # outside a loop: unknown piece
+            g.backward(Loss(5.0))
+        self.assertEqual(len(seen), 5)
+
+    def test_backward_in_a_microbatches_loop_uses_the_loops_piece(self):
+        g = self.guard(10)
+        g.microbatches(FakeArray(range(10)))             # batch 1: one piece
+        self.fake.advise(batch=4, accum=3)
+        seen = []
+
+        class Loss(object):
+            def __init__(self, v):
+                self.v = v
+
+            def __mul__(self, w):
+                return Loss(self.v * w)
+
+            def backward(self):
+                seen.append(self.v)
+
+        with self.assertLogs("gpuguard", logging.WARNING):
+            pieces = g.microbatches(FakeArray(range(10)))  # 3 uneven pieces: 4, 3, 3
+        for mb in pieces:
+            g.backward(Loss(1.0))
+        self.assertEqual(seen, [0.4, 0.3, 0.3])
+        for mb in pieces:                                # a second loop over the same pieces
+            g.backward(Loss(10.0))
+        self.assertEqual(seen[3:], [4.0, 3.0, 3.0])
+        for mb in pieces:                                # a loop left early forgets its piece
+            break
+        with self.assertRaises(gpuguard.UsageError):
+            g.backward(Loss(1.0))
+        with self.assertRaises(gpuguard.UsageError):     # a copy: its loop is the list's
+            for mb in list(pieces):
+                g.backward(Loss(1.0))
+        (one,) = gpuguard.Guard(4).microbatches(FakeArray(range(4)))  # unpacked: no loop runs
+        with self.assertRaises(gpuguard.UsageError):
+            g.backward(Loss(1.0))
+        errors = []
+        for mb in pieces:                                # another thread has no piece
+            t = threading.Thread(target=lambda: errors.append(
+                self.raises(gpuguard.UsageError, g.backward, Loss(1.0))))
+            t.start()
+            t.join()
+        self.assertEqual(errors, [True] * 3)
+        self.assertEqual(len(seen), 6)
+        self.assertEqual([len(p) for p in pieces], [4, 3, 3])   # still a sequence
+        self.assertEqual(pieces[2].weight, 0.3)
+
+    @staticmethod
+    def raises(cls, call, *args):
+        try:
+            call(*args)
+        except cls:
+            return True
+        return False
 
     def test_the_last_batch_is_a_step_too(self):
         shim = StepShim()

@@ -3,10 +3,11 @@
 /usr/bin/python3: torch 1.13 on CPU), usually under LD_PRELOAD of the shim
 on the fake GPU:
 
-    torchjob.py JOB OUT.json [ARG]    JOB: micro, run, inert, dist, dist-run,
-                                      hf, lightning (ARG "real": the installed
-                                      library instead of the stand-ins), readme
-                                      (ARG: a file holding a README loop)
+    torchjob.py JOB OUT.json [ARG]    JOB: micro, run, inert, backward, dist,
+                                      dist-run, hf, lightning (ARG "real": the
+                                      installed library instead of the
+                                      stand-ins), readme (ARG: a file holding a
+                                      README loop)
 
 The model and its gradients are real (a small MLP on the CPU, autograd, SGD
 with momentum). Its device memory is the fake GPU's, through libtorchlike.so
@@ -307,6 +308,69 @@ def job_inert(ctx):
         opt.zero_grad()
     return ctx.result(guard, warnings=[str(w.message) for w in caught], pieces=pieces_seen,
                       run_calls=run_calls, run_params=params(model), micro_params=micro_params)
+
+
+def grads(model):
+    return torch.cat([p.grad.detach().reshape(-1) for p in model.parameters()]).tolist()
+
+
+def ambiguous(call):
+    """What `call` raised: the UsageError's message, or None when it ran."""
+    import gpuguard
+    try:
+        call()
+    except gpuguard.UsageError as e:
+        return str(e)
+    return None
+
+
+def job_backward(ctx):
+    """guard.backward(loss) in a microbatches() loop, no weight written by
+    hand: each batch's accumulated gradients against the same batch's whole
+    (a second model, same start, same steps); then the calls whose piece the
+    helper cannot know."""
+    import threading
+    import gpuguard
+    guard = gpuguard.Guard(batch_size=BATCH)
+    reference = copy_of(ctx.start)
+    ref_opt = make_optimizer(reference)
+    splits, worst = [], 0.0
+    for x in ctx.loader():
+        pieces = guard.microbatches(x)
+        splits.append([len(mb) for mb in pieces])
+        for mb in pieces:
+            guard.backward(loss_fn(ctx.model(mb.data), mb.data))
+        loss_fn(reference(x), x).backward()
+        worst = max(worst, max(abs(a - b) for a, b in zip(grads(ctx.model), grads(reference))))
+        for opt in (ctx.optimizer, ref_opt):
+            opt.step()
+            opt.zero_grad()
+    x = ctx.data[0]
+    ctx.gpu.stage = 0  # the calls below run at the first batch's pressure
+
+    def loss():
+        return loss_fn(ctx.model(x), x)
+
+    outside = ambiguous(lambda: guard.backward(loss()))
+
+    def copied():
+        for mb in list(guard.microbatches(x)):    # a copy: the loop is the list's
+            guard.backward(loss_fn(ctx.model(mb.data), mb.data))
+
+    def elsewhere():
+        errors = []
+        for mb in guard.microbatches(x):
+            t = threading.Thread(target=lambda: errors.append(ambiguous(lambda: guard.backward(
+                loss_fn(ctx.model(mb.data), mb.data)))))
+            t.start()
+            t.join()
+        return errors[0]
+
+    copied_error = ambiguous(copied)
+    other_thread = elsewhere()
+    ctx.optimizer.zero_grad()
+    return ctx.result(guard, splits=splits, max_grad_error=worst, outside=outside,
+                      copied=copied_error, other_thread=other_thread)
 
 
 def job_dist(ctx):
@@ -616,7 +680,8 @@ class _nothing(object):
         return False
 
 
-JOBS = {"micro": job_micro, "run": job_run, "inert": job_inert, "dist": job_dist,
+JOBS = {"micro": job_micro, "run": job_run, "inert": job_inert, "backward": job_backward,
+        "dist": job_dist,
         "dist-run": job_dist_run, "hf": job_hf, "lightning": job_lightning,
         "readme": job_readme}
 
