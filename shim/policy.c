@@ -45,21 +45,38 @@ static const char *basename_of(const char *path)
 
 /* ---- one file ----------------------------------------------------------------- */
 
-enum { SEC_NONE = -1, SEC_IGNORED = -2 }; /* else an index of gg_sections */
+/* SEC_MALFORMED: under a header that could not be read (its line said so);
+ * each key line under it is said too, since none of them is read. */
+enum { SEC_NONE = -1, SEC_IGNORED = -2, SEC_MALFORMED = -3 }; /* else an index of gg_sections */
 
 struct load {
     struct gg_policy *p;
     const char *path;
     struct sink sink;
     int section;
+    int malformed_line; /* the header of SEC_MALFORMED */
 };
+
+/* What could not be read of a setting's value, quoted, kept for the listing. */
+static void keep_invalid(struct gg_policy *p, enum gg_setting_id id, const char *value)
+{
+    size_t cap = sizeof p->invalid[id];
+    if (strlen(value) + 3 <= cap)
+        snprintf(p->invalid[id], cap, "'%s'", value);
+    else
+        snprintf(p->invalid[id], cap, "'%.*s...'", (int)(cap - 6), value);
+}
 
 static void on_section(void *ctx, int line, const char *name)
 {
     struct load *ld = ctx;
     ld->section = SEC_IGNORED;
-    if (!name)
-        return; /* malformed: ini.c has said so */
+    if (!name) {
+        /* malformed: ini.c has said so */
+        ld->section = SEC_MALFORMED;
+        ld->malformed_line = line;
+        return;
+    }
     for (int i = 0; i < (int)GG_COUNT(gg_sections); i++)
         if (strcasecmp(gg_sections[i], name) == 0)
             ld->section = i;
@@ -74,6 +91,12 @@ static void on_pair(void *ctx, int line, const char *key, const char *value)
     struct gg_policy *p = ld->p;
     if (ld->section == SEC_IGNORED)
         return;
+    if (ld->section == SEC_MALFORMED) {
+        say(&ld->sink, ld->path, line,
+            "key '" SHOW "' is not read: it is under the malformed section header on line %d",
+            key, ld->malformed_line);
+        return;
+    }
     if (ld->section == SEC_NONE) {
         say(&ld->sink, ld->path, line,
             "key '" SHOW "' is outside a section (expected it under [gpu], [memory], "
@@ -101,8 +124,10 @@ static void on_pair(void *ctx, int line, const char *key, const char *value)
     }
     p->line[id] = line;
     char why[256];
-    if (gg_setting_parse(id, &p->s, NULL, value, why, sizeof why) != 0)
+    if (gg_setting_parse(id, &p->s, NULL, value, why, sizeof why) != 0) {
+        keep_invalid(p, id, value);
         say(&ld->sink, ld->path, line, "[%s] %s = '" SHOW "': %s", section, info->key, value, why);
+    }
 }
 
 static void on_problem(void *ctx, int line, const char *msg)
@@ -351,12 +376,41 @@ int gg_policy_select(const char *where, const char *const *names, int n, struct 
 
 /* ---- environment and limits ---------------------------------------------------- */
 
+/* An environment override that could not be read: kept (its variable is
+ * the problem's file), then passed on. */
+struct env_sink {
+    struct gg_policy *p;
+    gg_report_fn report;
+    void *ctx;
+};
+
+static void env_problem(void *ctx, const char *file, int line, const char *msg)
+{
+    struct env_sink *e = ctx;
+    for (int id = 0; id < GG_SET_COUNT; id++) {
+        const struct gg_setting_info *i = &gg_setting_info[id];
+        char value[GG_PATH_MAX];
+        bool too_long;
+        if (i->process || !i->env || strcmp(i->env, file) != 0)
+            continue;
+        if (!gg_env_copy(i->env, value, sizeof value, &too_long))
+            snprintf(value, sizeof value, "%s", too_long ? "(too long)" : "");
+        keep_invalid(e->p, (enum gg_setting_id)id, value);
+        e->p->line[id] = 0;
+    }
+    if (e->report)
+        e->report(e->ctx, file, line, msg);
+}
+
 int gg_policy_apply_env(struct gg_policy *p, gg_report_fn report, void *ctx)
 {
-    int problems = gg_settings_from_env(&p->s, p->from_env, report, ctx);
+    struct env_sink e = {p, report, ctx};
+    int problems = gg_settings_from_env(&p->s, p->from_env, env_problem, &e);
     for (int id = 0; id < GG_SET_COUNT; id++)
-        if (p->from_env[id])
+        if (p->from_env[id]) {
             p->line[id] = 0;
+            p->invalid[id][0] = '\0';
+        }
     if (problems)
         p->broken = true;
     return problems;

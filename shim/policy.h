@@ -20,6 +20,7 @@
 #include "settings.h"
 
 #define GG_POLICY_DIR_MAX 4096 /* files of a directory considered */
+#define GG_POLICY_INVALID_MAX 32 /* what a listing quotes of a value it could not read */
 
 struct gg_policy {
     struct gg_settings s;
@@ -27,6 +28,10 @@ struct gg_policy {
     bool broken;                   /* a problem was reported for it */
     int line[GG_SET_COUNT];        /* the line that set each key in `file`, 0 = default */
     bool from_env[GG_SET_COUNT];   /* an environment variable set it */
+    /* A value given for the setting that could not be read (the default
+     * stands), quoted as given ('enforced'), cut to fit; "" when none was. Given on line[id] of
+     * `file`, or, when line[id] is 0, by its environment variable. */
+    char invalid[GG_SET_COUNT][GG_POLICY_INVALID_MAX];
 };
 
 /* The built-in defaults (settings.def). */

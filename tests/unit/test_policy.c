@@ -643,6 +643,57 @@ static void test_exact_messages(void)
 }
 
 /* The last line, a line inih would split, a NUL byte, an empty glob. */
+/* After a malformed header nothing is read until the next good one: each key
+ * line there says so, with its line, and the lines after are checked as
+ * usual. A value that could not be read is kept, quoted, for the listing. */
+static void test_under_a_malformed_header(void)
+{
+    static const char text[] =
+        "[gpu]\n"                                       /* 1 */
+        "match = A*\n"                                  /* 2 */
+        "[memory\n"                                     /* 3: malformed header */
+        "headroom = 20%\n"                              /* 4: not read */
+        "; a comment\n"                                 /* 5 */
+        "mode = enforce\n"                              /* 6: not read */
+        "[trainer]\n"                                   /* 7 */
+        "signal = SIGFOO\n"                             /* 8: bad value, still said */
+        "batch_size = 8\n";                             /* 9: read */
+    struct gg_policy p;
+    struct reports rs;
+    char path[GG_PATH_MAX];
+    int n = load_text("hdr.ini", text, &p, &rs, path, sizeof path);
+
+    CHECK(n == 4);
+    CHECK(rs.n == 4);
+    CHECK_REPORTED(&rs, path, 3, "malformed section header '[memory' (expected [name])");
+    CHECK_REPORTED(&rs, path, 4, "key 'headroom' is not read: it is under the malformed section "
+                                 "header on line 3");
+    CHECK_REPORTED(&rs, path, 6, "key 'mode' is not read: it is under the malformed section "
+                                 "header on line 3");
+    CHECK_REPORTED(&rs, path, 8, "[trainer] signal = 'SIGFOO': bad value");
+    CHECK(!reported(&rs, path, 5, ""));
+    CHECK(p.broken);
+    CHECK(p.s.mode == GG_MODE_AUTO);
+    CHECK(p.line[GG_SET_mode] == 0);
+    CHECK(p.s.batch_size == 8);
+    CHECK_STR(p.invalid[GG_SET_signal], "'SIGFOO'");
+    CHECK(p.line[GG_SET_signal] == 8);
+    CHECK_STR(p.invalid[GG_SET_batch_size], "");
+
+    load_text("m.ini", "[memory]\nmode = enforced\n", &p, &rs, path, sizeof path);
+    CHECK(p.broken);
+    CHECK(p.s.mode == GG_MODE_AUTO);   /* the default stands ... */
+    CHECK(p.line[GG_SET_mode] == 2);   /* ... and what line 2 said is kept */
+    CHECK_STR(p.invalid[GG_SET_mode], "'enforced'");
+    load_text("m.ini", "[memory]\nmode = enforce\n", &p, &rs, path, sizeof path);
+    CHECK_STR(p.invalid[GG_SET_mode], "");
+    /* a long value is cut to fit, and says so */
+    load_text("m.ini", "[memory]\nmode = abcdefghijklmnopqrstuvwxyz0123456789\n", &p, &rs, path,
+              sizeof path);
+    CHECK(strlen(p.invalid[GG_SET_mode]) == GG_POLICY_INVALID_MAX - 1);
+    CHECK(strstr(p.invalid[GG_SET_mode], "...'") != NULL);
+}
+
 static void test_edge_lines(void)
 {
     char text[600], path[GG_PATH_MAX];
@@ -1037,6 +1088,10 @@ static void test_env_bad_values(void)
     CHECK_EQ_U64(p.s.headroom.bytes, 0);
     CHECK(!p.from_env[GG_SET_headroom]);
     CHECK(p.s.signal == SIGUSR2);
+    /* what the variables said, for the listing (line 0: the environment's) */
+    CHECK_STR(p.invalid[GG_SET_mode], "'loud'");
+    CHECK_STR(p.invalid[GG_SET_headroom], "'-1 GiB'");
+    CHECK(p.line[GG_SET_mode] == 0);
 
     set_env(NULL, "200%", NULL, "9");
     memset(&rs, 0, sizeof rs);
@@ -1220,6 +1275,7 @@ int main(void)
     RUN(test_names);
     RUN(test_problems_have_lines);
     RUN(test_exact_messages);
+    RUN(test_under_a_malformed_header);
     RUN(test_edge_lines);
     RUN(test_missing_and_unreadable);
     RUN(test_matches);

@@ -33,6 +33,7 @@ static const char gg_usage[] =
     "usage: gpuguard-check [--policy FILE|DIR]\n"
     "       gpuguard-check --lint FILE|DIR...\n"
     "       gpuguard-check --arch [FILE...]\n"
+    "       gpuguard-check --values NAME=VALUE...\n"
     "       gpuguard-check --help\n"
     "\n"
     "Without --lint: lists each GPU (through libcuda.so.1) with the policy it gets,\n"
@@ -49,6 +50,11 @@ static const char gg_usage[] =
     "device code the file carries and whether the GPU runs it; without FILE, the\n"
     "CUDA libraries of the PyTorch that python3 imports (the listing ends with the\n"
     "same verdict on it). Exit status 1 when a file has nothing some GPU can run.\n"
+    "\n"
+    "--values: checks each VALUE as the shim reads its variable NAME (GPUGUARD_MODE,\n"
+    "GPUGUARD_HEADROOM, GPUGUARD_SIGNAL, ...: docs/policy.md), with the same parser;\n"
+    "prints NAME: 'VALUE': what is wrong, for each bad one (gpuguard-run checks its\n"
+    "options with it). Exit status 1 when a value is bad, 0 when all are good.\n"
     "\n"
     "Exit status 2: a bad option, or no usable CUDA driver.\n";
 
@@ -369,7 +375,11 @@ static void gg_print_cc(const struct gg_gpu *g)
 static void gg_print_origin(const struct gg_policy *p, enum gg_setting_id id, char *out,
                             size_t cap)
 {
-    if (p->from_env[id])
+    if (p->invalid[id][0] && p->line[id])
+        snprintf(out, cap, "default: line %d's %s is invalid", p->line[id], p->invalid[id]);
+    else if (p->invalid[id][0])
+        snprintf(out, cap, "default: %s=%s is invalid", gg_setting_info[id].env, p->invalid[id]);
+    else if (p->from_env[id])
         snprintf(out, cap, "from %s", gg_setting_info[id].env);
     else if (p->line[id])
         snprintf(out, cap, "line %d", p->line[id]);
@@ -398,9 +408,24 @@ static void gg_print_settings(const struct gg_policy *p)
 
 static void gg_print_mode(const struct gg_policy *p)
 {
-    if (p->broken)
-        printf("  mode      observe: the policy has problems (it says %s)\n",
-               gg_mode_name((enum gg_mode)p->s.mode));
+    const char *name = gg_mode_name((enum gg_mode)p->s.mode);
+    const char *env = gg_setting_info[GG_SET_mode].env;
+    int line = p->line[GG_SET_mode];
+
+    if (p->broken && p->invalid[GG_SET_mode][0] && line)
+        printf("  mode      observe: the policy has problems (line %d says mode = %s, which is "
+               "invalid)\n", line, p->invalid[GG_SET_mode]);
+    else if (p->broken && p->invalid[GG_SET_mode][0])
+        printf("  mode      observe: the policy has problems (%s=%s is invalid)\n", env,
+               p->invalid[GG_SET_mode]);
+    else if (p->broken && p->from_env[GG_SET_mode])
+        printf("  mode      observe: the policy has problems (%s says %s)\n", env, name);
+    else if (p->broken && line)
+        printf("  mode      observe: the policy has problems (line %d says mode = %s)\n", line,
+               name);
+    else if (p->broken)
+        printf("  mode      observe: the policy has problems (without them: %s, the default)\n",
+               name);
     else if (p->s.mode == GG_MODE_AUTO)
         printf("  mode      auto: observe until a trainer registers, then enforce\n");
     else
@@ -520,6 +545,50 @@ static int gg_list(const char *option)
 }
 
 /* ------------------------------------------------------------------------ */
+/* --values                                                                  */
+
+/* Each NAME=VALUE read by the shim's own parser for the variable NAME, as
+ * the shim reads it at start (settings.c): the same message on a bad one. */
+static int gg_values(int argc, char **argv)
+{
+    struct gg_printer pr;
+    struct gg_settings s;
+    struct gg_process proc;
+
+    memset(&pr, 0, sizeof pr);
+    for (int i = 0; i < argc; i++) {
+        const char *eq = strchr(argv[i], '=');
+        int id = -1;
+        for (int k = 0; eq && k < GG_SET_COUNT; k++) {
+            const char *env = gg_setting_info[k].env;
+            if (env && strlen(env) == (size_t)(eq - argv[i]) &&
+                strncmp(env, argv[i], (size_t)(eq - argv[i])) == 0)
+                id = k;
+        }
+        if (id < 0) {
+            fprintf(stderr, "gpuguard-check: --values: '%s' is not NAME=VALUE with NAME a "
+                            "variable the shim reads (docs/policy.md)\n", argv[i]);
+            gg_printer_free(&pr);
+            return GG_EXIT_USAGE;
+        }
+        char why[256], msg[GG_PATH_MAX + 300];
+        gg_settings_defaults(&s);
+        gg_process_defaults(&proc);
+        if (strlen(eq + 1) >= GG_PATH_MAX) {
+            gg_print_problem(&pr, gg_setting_info[id].env, 0,
+                             "too long (at most 1023 characters); ignored");
+        } else if (gg_setting_parse((enum gg_setting_id)id, &s, &proc, eq + 1, why,
+                                    sizeof why) != 0) {
+            snprintf(msg, sizeof msg, "'%.120s': %s", eq + 1, why);
+            gg_print_problem(&pr, gg_setting_info[id].env, 0, msg);
+        }
+    }
+    int rc = pr.problems ? GG_EXIT_PROBLEM : GG_EXIT_OK;
+    gg_printer_free(&pr);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
 
 /* "gpuguard-check: ARG: what is wrong" and the usage, on stderr. */
 static int gg_bad_usage(const char *arg, const char *what)
@@ -546,6 +615,11 @@ int main(int argc, char **argv)
     }
     if (argc >= 2 && strcmp(argv[1], "--arch") == 0)
         return gg_check_arch(argc - 2, argv + 2);
+    if (argc >= 2 && strcmp(argv[1], "--values") == 0) {
+        if (argc == 2)
+            return gg_bad_usage("--values", "needs at least one NAME=VALUE");
+        return gg_values(argc - 2, argv + 2);
+    }
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--policy") == 0 && i + 1 < argc)
             policy = argv[++i];
