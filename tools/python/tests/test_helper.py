@@ -1316,6 +1316,10 @@ class LightningAdapterTest(Base):
 # --- gpuguard-run ---------------------------------------------------------
 
 RUN = os.path.join(TOOLS, "bin", "gpuguard-run")
+# The gpuguard-check that gpuguard-run checks its options' values with: the
+# build's (GG_BUILD: build/san under SANITIZE=1 has no build/gpuguard-check).
+CHECK = os.path.join(os.environ.get("GG_BUILD") or os.path.join(os.path.dirname(TOOLS), "build"),
+                     "gpuguard-check")
 
 
 class RunScriptTest(unittest.TestCase):
@@ -1330,6 +1334,7 @@ class RunScriptTest(unittest.TestCase):
         for k in list(e):
             if k.startswith("GPUGUARD_") or k in ("LD_PRELOAD",):
                 del e[k]
+        e["GPUGUARD_CHECK"] = CHECK
         e.update(env)
         return subprocess.run(["sh", script] + args, env=e, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, universal_newlines=True)
@@ -1345,6 +1350,44 @@ class RunScriptTest(unittest.TestCase):
             self.assertEqual(out.returncode, 2, args)
             self.assertTrue(out.stderr.startswith("gpuguard-run: "), out.stderr)
             self.assertEqual(out.stdout, "")
+
+    def test_option_values_are_read_by_the_shims_parser(self):
+        # before the program starts, with the message the shim would give at
+        # its first CUDA call (gpuguard-check --values), naming the option
+        if not os.path.exists(CHECK):
+            self.skipTest("no %s: make builds it" % CHECK)
+        ran = os.path.join(self.tmp, "ran")
+        cmd = ["--", "sh", "-c", "touch " + ran]
+        for args, said in (
+                (["--headroom", "10parsecs"], "--headroom '10parsecs': malformed size: unknown "
+                                              "unit (use B, KiB, MiB, GiB, TiB, kB, KB, MB, GB, TB "
+                                              "or %)"),
+                (["--headroom=150%"], "--headroom '150%': percentage over 100"),
+                (["--mode", "enforcing"], "--mode 'enforcing': bad value (expected auto, enforce, "
+                                          "observe or off)"),
+                (["--signal", "SIGKILL"], "--signal 'SIGKILL': not a signal for advice"),
+                (["--signal="], "--signal '': bad value"),
+                (["--mode", "enforce", "--policy", ""], "--policy '': empty")):
+            out = self.run_script(args + cmd, GPUGUARD_LIB=self.lib)
+            self.assertEqual(out.returncode, 2, (args, out.stderr))
+            self.assertTrue(out.stderr.startswith("gpuguard-run: " + said), (args, out.stderr))
+            self.assertEqual(len(out.stderr.splitlines()), 2, out.stderr)   # and "Try --help"
+            self.assertFalse(os.path.exists(ran), args)
+        out = self.run_script(["-n", "--headroom", "1.5 GiB", "--mode", "OBSERVE", "--signal",
+                               "usr1", "--"] + cmd[1:], GPUGUARD_LIB=self.lib)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        env = self.dry_env(out)
+        self.assertEqual((env["GPUGUARD_HEADROOM"], env["GPUGUARD_MODE"], env["GPUGUARD_SIGNAL"]),
+                         ("1.5 GiB", "OBSERVE", "usr1"))
+        # with nothing to check them with, it says so and runs nothing
+        script = os.path.join(self.tmp, "gpuguard-run")
+        shutil.copy(RUN, script)
+        out = self.run_script(["--mode", "enforce"] + cmd, script=script, GPUGUARD_LIB=self.lib,
+                              GPUGUARD_CHECK=os.path.join(self.tmp, "none"))
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("gpuguard-run: cannot check --mode: gpuguard-check not found beside %s; "
+                      "run make, or set GPUGUARD_CHECK" % os.path.realpath(self.tmp), out.stderr)
+        self.assertFalse(os.path.exists(ran))
 
     def test_help(self):
         out = self.run_script(["--help"])
