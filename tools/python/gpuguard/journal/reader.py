@@ -17,6 +17,9 @@ from .pytorch import TorchLog
 from .values import as_int, as_str, num
 
 NAME_RE = re.compile(r"^gpuguard\.(?P<comm>.+?)(?:\.rank(?P<rank>\d+))?\.(?P<pid>\d+)\.jsonl$")
+# What read_journals says of a file none of whose lines is a journal line
+# (the report's command exits 2 for it: a wrong argument, not a journal).
+NOT_A_JOURNAL = "not a gpuguard journal: "
 NOTE_SEQ_RE = re.compile(r"advice #(\d+)")
 
 
@@ -53,6 +56,8 @@ class Journal(object):
         self.suppressed = {}         # kind of line -> lines the shim's budgets left out
         self.lost_lines = 0          # lines the shim could not write (a full disk)
         self.partial = None          # why the summary is incomplete, when it is
+        self.text_lines = 0          # lines that are not blank, readable or not
+        self.journal_lines = 0       # of them, JSON objects with an "ev": the journal's
         m = NAME_RE.match(os.path.basename(path))
         if m:
             self.comm = m.group("comm")
@@ -120,20 +125,25 @@ class Journal(object):
         }
         loads = json.loads
         last_t = 0.0
-        lines = bad = 0
+        lines = bad = text = events = 0
         try:
             with f:
                 for raw in f:
+                    text += 1
                     try:
                         ev = loads(raw)
                     except ValueError:
                         ev = self._unreadable(raw)
                         if ev is None:
+                            if not raw.strip():
+                                text -= 1
                             continue
                     if not isinstance(ev, dict):
                         bad += 1
                         continue
                     lines += 1
+                    if isinstance(ev.get("ev"), str):
+                        events += 1
                     t = ev.get("t")
                     if (type(t) is float or type(t) is int) and 0 <= t < 1e12:
                         if t > last_t:
@@ -153,6 +163,8 @@ class Journal(object):
             self.read_error = e.strerror or str(e)
         self.last_t = last_t
         self.lines = lines
+        self.text_lines = text
+        self.journal_lines = events
         self.bad_lines += bad
         for d in self.devices.values():
             d.phases.finish(d)
@@ -391,12 +403,29 @@ def read_journals(paths, nframes=4, native=False):
             journals.append(Journal(p, nframes, native).read())
     ok = []
     for j in journals:
-        if j.read_error:
-            failed.append((j.path, j.read_error))
+        why = j.read_error or not_a_journal(j)
+        if why:
+            failed.append((j.path, why))
         else:
             ok.append(j)
     ok.sort(key=lambda j: j.sort_key())
     return ok, failed
+
+
+def not_a_journal(j):
+    """Why a file read without error is no journal (None when it is one): it
+    has no journal line. A journal with some bad lines is one (its report
+    counts them); so is an empty file named as the shim names its journals
+    (a process killed before its first line)."""
+    if j.journal_lines:
+        return None
+    if not j.text_lines:
+        if NAME_RE.match(os.path.basename(j.path)):
+            return None
+        return NOT_A_JOURNAL + "the file is empty"
+    if j.text_lines == 1:
+        return NOT_A_JOURNAL + "its only line is not a journal line"
+    return NOT_A_JOURNAL + "none of its %d lines is a journal line" % j.text_lines
 
 
 def sections(journals):

@@ -9,7 +9,7 @@ import os
 import sys
 
 from .. import __version__ as VERSION
-from ..journal.reader import read_journals
+from ..journal.reader import NOT_A_JOURNAL, read_journals
 from .formatting import fmt_size
 from .html_page import html_report
 from ..journal.source import set_substitutions
@@ -64,6 +64,11 @@ def main(argv=None):
     journals, failed = read_journals(opts.journals, opts.frames, opts.native)
     for path, why in failed:
         sys.stderr.write("gpuguard-report: %s: %s\n" % (path, why))
+    # A file that is no journal was the wrong argument: exit status 2, and
+    # with nothing else to read, its line is all that is said.
+    wrong = any(why.startswith(NOT_A_JOURNAL) for _, why in failed)
+    if wrong and not journals:
+        return 2
     opts.recs = recommend(journals) if opts.recommend else None
     opts.written = None
     try:
@@ -91,6 +96,8 @@ def main(argv=None):
     except OSError as e:
         sys.stderr.write("gpuguard-report: %s: %s\n" % (e.filename, e.strerror))
         return 1
+    if wrong:
+        return 2
     return 1 if failed or not journals else 0
 
 
