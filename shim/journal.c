@@ -64,7 +64,9 @@ static int create(const char *dir, const char *comm, long rank, int *life)
             snprintf(pid, sizeof pid, "%d-%d", (int)getpid(), *life);
         if (rank >= 0)
             snprintf(rk, sizeof rk, ".rank%ld", rank);
-        int n = snprintf(path, sizeof path, "%s/gpuguard.%s%s.%s.jsonl", dir, comm, rk, pid);
+        size_t dl = strlen(dir);
+        int n = snprintf(path, sizeof path, "%s%sgpuguard.%s%s.%s.jsonl", dir,
+                         dl && dir[dl - 1] == '/' ? "" : "/", comm, rk, pid);
         if (n < 0 || (size_t)n >= sizeof path) {
             errno = ENAMETOOLONG;
             return -1;

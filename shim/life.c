@@ -117,11 +117,14 @@ static bool is_dir(const char *path)
 }
 
 /* The policies installed beside the library (<libdir>/../share/gpuguard/
- * policy), or the source tree's policy/ when the library runs from build/. */
+ * policy), or the source tree's policy/ when the library runs from build/:
+ * resolved, as every path gpuguard finds itself is (no "lib/../share" in
+ * what it prints). */
 static void default_policy_dir(char *out, size_t cap)
 {
     Dl_info info;
     static char lib[PATH_MAX]; /* start runs once, on one thread: not 8 KiB of its stack */
+    static char real[PATH_MAX];
     static const char *const tries[] = {"../share/gpuguard/policy", "../policy", "../../policy"};
     out[0] = '\0';
     if (!dladdr((void *)&default_policy_dir, &info) || !info.dli_fname ||
@@ -134,8 +137,11 @@ static void default_policy_dir(char *out, size_t cap)
     for (size_t i = 0; i < GG_COUNT(tries); i++) {
         static char cand[PATH_MAX + 32];
         int n = snprintf(cand, sizeof cand, "%s/%s", lib, tries[i]);
-        if (n > 0 && (size_t)n < cap && is_dir(cand)) {
-            memcpy(out, cand, (size_t)n + 1);
+        if (n <= 0 || (size_t)n >= sizeof cand || !is_dir(cand) || !realpath(cand, real))
+            continue;
+        size_t len = strlen(real);
+        if (len < cap) {
+            memcpy(out, real, len + 1);
             return;
         }
     }
