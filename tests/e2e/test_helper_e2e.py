@@ -250,16 +250,21 @@ class Demo(Case):
         self.assertIn("gpuguard report: 1 journal", out)
         self.assertIn("forecast  batch 16 x accum 2, signaled; forecast: step 9 would peak at "
                       "21.1 GiB", out)
-        self.assertIn("batch 32 -> 16 -> 8; 2 advices (forecast, forecast), the first before "
+        self.assertIn("batch 32 -> 16 -> 8; 2 advice (forecast, forecast), the first before "
                       "any near miss, refusal or OOM", out)
+        self.assertNotIn("advices", out)       # the report's word, "2 advice", in the verdict
         self.assertIn("the first at the end of step 8: step 9 would peak at 21.1 GiB, in the "
                       "near-miss zone", out)
         # run 3: the recommendation is one run 2 survived (never 16, which it
         # was advised off at step 19; through its last step, 28), and the
         # next run starts from it and meets no advice at all
-        self.assertRegex(out, r"NVIDIA GeForce RTX 3090: batch (\d+) x accum \d+ ")
-        rec = int(re.search(r"NVIDIA GeForce RTX 3090: batch (\d+) x accum", out).group(1))
+        # what the next run will do: the loader's batch of 32 kept, split in
+        # micro-batches of the recommended size (effective 32, as this run's)
+        self.assertRegex(out, r"NVIDIA GeForce RTX 3090: micro-batch (\d+), \d+ micro-batches "
+                              r"per batch of 32 \(effective 32\)\n")
+        rec = int(re.search(r"NVIDIA GeForce RTX 3090: micro-batch (\d+),", out).group(1))
         self.assertLess(rec, 16)
+        self.assertNotIn("(effective 33)", out)
         self.assertIn("covers: steps 1-28, this run's; batch %d reaches" % rec, out)
         self.assertIn("batch 16 was advised off at step 19", out)
         self.assertIn("gpuguard: from batch 1 on, each batch of 32 is split into", out)

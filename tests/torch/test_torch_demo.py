@@ -31,7 +31,7 @@ class RealDemo(TorchCase):
                               r"allocate [\d.]+ [MG]iB\. GPU 0 has a total capacity of 24\.00 GiB")
         self.assertIn("finished: 28/28 steps, 896 samples (effective batch 32 per step)", out)
         self.assertIn("=> it finished every step (exit status 0", out)
-        self.assertRegex(out, r"batch 32 -> 16 -> 8; 2 advices \(forecast, forecast\), the first "
+        self.assertRegex(out, r"batch 32 -> 16 -> 8; 2 advice \(forecast, forecast\), the first "
                               r"before any near miss, refusal or OOM")
         self.assertTrue(out.rstrip().endswith("story: as expected"))
         journals = [n for n in os.listdir(out_dir) if n.endswith(".jsonl")]

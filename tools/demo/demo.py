@@ -693,10 +693,10 @@ def main():
     heading("Verdict")
     say("without gpuguard: %s" % ("died of CUDA out of memory" if died else "did not die of an OOM (unexpected)"))
     forecast = advised[0].get("forecast") if advised and advised[0]["reason"] == "forecast" else None
-    say("with gpuguard:    %s; batch %s; %d advice%s (%s), %s"
+    say("with gpuguard:    %s; batch %s; %d advice (%s), %s"
         % ("finished all %d steps" % total_steps if finished else "did not finish",
            " -> ".join(str(b) for b in batches(plan["batch_size"], advised)),
-           len(advised), "" if len(advised) == 1 else "s",
+           len(advised),
            ", ".join(a["reason"] for a in advised) or "none",
            "the first before any near miss, refusal or OOM" if advised_first
            else "none before the trouble"))

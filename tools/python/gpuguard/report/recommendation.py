@@ -238,6 +238,16 @@ def _propose(r, best, eff, predicted):
     r.predicted = predicted
 
 
+def shape_text(r):
+    """What the next run does with each batch, as the Python helper runs it:
+    the loader's batch (the effective one) kept and split into `accum`
+    micro-batches of at most `batch` (32 as 11 + 11 + 10), never batch x accum."""
+    if r.accum > 1:
+        return "micro-batch %d, %d micro-batches per batch of %d (effective %d)" % (
+            r.batch, r.accum, r.effective, r.effective)
+    return "batch %d, no accumulation (effective %d)" % (r.batch, r.batch)
+
+
 def recommend_text(recs, written=None):
     out = ["Recommendation for the next run (--recommend):"]
     if not recs:
@@ -246,8 +256,7 @@ def recommend_text(recs, written=None):
         if r.batch is None:
             out.append("  %s: no recommendation: %s" % (r.name, r.need))
             continue
-        out.append("  %s: batch %d x accum %d (effective %d)" % (
-            r.name, r.batch, r.accum, r.batch * r.accum))
+        out.append("  %s: %s" % (r.name, shape_text(r)))
         out.append("    why: %s" % r.why)
         if r.covers:
             out.append("    covers: %s" % r.covers)
