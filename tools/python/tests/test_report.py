@@ -410,9 +410,13 @@ class VerdictTest(ReportTestBase):
         self.assertEqual(page.count('<svg xmlns="http://www.w3.org/2000/svg" class="steps"'), 4)
         with open(trace) as f:
             evs = json.load(f)["traceEvents"]
-        threads = sorted((e["pid"], e["args"]["name"]) for e in evs if e["name"] == "thread_name")
+        threads = sorted((e["pid"], e["args"]["name"]) for e in evs if e["name"] == "thread_name"
+                         and e["args"]["name"].endswith(" events"))
         self.assertEqual(threads, [(5000, "GPU0 %s events" % H100), (5001, "GPU1 %s events" % H100),
                                    (5002, "GPU0 %s events" % H100), (5003, "GPU1 %s events" % H100)])
+        steps = sorted((e["pid"], e["args"]["name"]) for e in evs if e["name"] == "thread_name"
+                       and e["args"]["name"].endswith(" steps"))
+        self.assertEqual([p for p, _ in steps], [5000, 5001, 5002, 5003])
 
     def test_ranks_aligned_on_wall_clock(self):
         # Without the start's wall clock, each process's own clock is all

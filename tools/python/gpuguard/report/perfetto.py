@@ -1,6 +1,6 @@
 """Chrome trace event JSON for Perfetto: a process per journal, counter tracks
-per device value, instant events for incidents, advice, leaks and errors,
-timestamps aligned on wall clocks.
+per device value, a slice per training step, instant events for incidents,
+advice, leaks and errors, timestamps aligned on wall clocks.
 """
 
 from .. import __version__ as VERSION
@@ -10,15 +10,52 @@ from ..journal.values import as_str
 from .formatting import fmt_bytes, fmt_size, fmt_t
 
 
+STEPS_TID = 1000       # + the device: the thread of a device's step slices
+
+# What a slice over several steps says: the journal has no boundary between
+THINNED = ("one slice for these steps: the journal has the boundary of the last only (the shim "
+           "writes every step for the first 100, then every 100th and when a value moves by 5% "
+           "of the device; the report keeps a bounded number of step lines); peak and live are "
+           "the last step's")
+
+
+def process_name(j):
+    """The track group's name: the rank, else the pid, once, then where."""
+    if j.rank is not None:
+        return "rank %d (host %s, pid %s, %s)" % (j.rank, j.host or "?",
+                                                  "?" if j.pid is None else j.pid, j.comm or "?")
+    return "pid %s (%s) on host %s" % ("?" if j.pid is None else j.pid, j.comm or "?",
+                                       j.host or "?")
+
+
+def step_slices(points):
+    """(first, last, start, end, peak, live) from the `step` points (step,
+    peak, live, t), in time order: a step lasts from the boundary before it
+    to its own. A slice spans several steps where the boundaries between
+    them are not in the journal (thinned). The first step journaled, and the
+    first after the step count went back (a second loop), get none: where
+    they began is not known."""
+    out = []
+    prev = None
+    for p in sorted(points, key=lambda p: (p[3], p[0])):
+        step, peak, live, t = p
+        if prev is not None and step > prev[0] and t >= prev[3]:
+            out.append((prev[0] + 1, step, prev[3], t, peak, live))
+        prev = p
+    return out
+
+
 def trace_report(journals):
     """Chrome trace event format, for Perfetto: one process (track group)
-    per journal, named by its rank; per used device one counter track per
-    value (process bytes, device used, limit, each step's peak and live
-    bytes: a counter event with several values is drawn stacked, which
-    reads as a sum) and a thread for the instant events (near misses,
-    refusals, OOMs, advice, leaks). Timestamps in
-    microseconds, aligned on the start events' wall clock when every journal
-    has it; the timelines are the bounded, min/max-preserving ones."""
+    per journal, named by its rank (else its pid); per used device one
+    counter track per value (process bytes, device used, limit, each step's
+    peak and live bytes: a counter event with several values is drawn
+    stacked, which reads as a sum), a thread of step slices (a complete
+    event per step, from the boundary before it to its own; "steps A-B"
+    where the journal kept only the last boundary) and a thread for the
+    instant events (near misses, refusals, OOMs, advice, leaks). Timestamps
+    in microseconds, aligned on the start events' wall clock when every
+    journal has it; the timelines are the bounded, min/max-preserving ones."""
     events = []
     pids = [j.pid for j in journals]
     unique = None not in pids and len(set(pids)) == len(pids)
@@ -31,10 +68,8 @@ def trace_report(journals):
         def ts(t):
             return round((off + t) * 1e6, 3)
 
-        name = "%s (host %s, pid %s, %s)" % (j.who, j.host or "?", "?" if j.pid is None else j.pid,
-                                              j.comm or "?")
         events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
-                       "args": {"name": name}})
+                       "args": {"name": process_name(j)}})
         events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
                        "args": {"sort_index": j.rank if j.rank is not None else 100000 + idx}})
         end = j.duration
@@ -49,11 +84,28 @@ def trace_report(journals):
                 if used is not None:
                     events.append({"name": "GPU%d device used" % dev, "ph": "C", "ts": ts(t),
                                    "pid": pid, "cat": "gpuguard", "args": {"bytes": used}})
-            for stepno, peak, live, t in d.step_series.points():
+            steps = d.step_series.points()
+            for stepno, peak, live, t in steps:
                 for name, v in (("step peak", peak), ("step live", live)):
                     if v is not None:
                         events.append({"name": "GPU%d %s" % (dev, name), "ph": "C", "ts": ts(t),
                                        "pid": pid, "cat": "gpuguard", "args": {"bytes": v}})
+            slices = step_slices(steps)
+            if slices:
+                events.append({"name": "thread_name", "ph": "M", "pid": pid,
+                               "tid": STEPS_TID + dev, "args": {"name": "%s steps" % d.label}})
+            for first, last, begin, end_t, peak, live in slices:
+                args = {"peak": peak, "live": live}
+                if first == last:
+                    name = "step %d" % last
+                    args["step"] = last
+                else:
+                    name = "steps %d-%d" % (first, last)
+                    args.update(first_step=first, last_step=last, steps=last - first + 1,
+                                note=THINNED)
+                events.append({"name": name, "cat": "gpuguard,step", "ph": "X", "ts": ts(begin),
+                               "dur": round((end_t - begin) * 1e6, 3), "pid": pid,
+                               "tid": STEPS_TID + dev, "args": args})
             for m in d.leak_marks.items:
                 events.append({"name": "leak +%s/step" % fmt_size(m["rate"]),
                                "cat": "gpuguard,leak", "ph": "i", "s": "t", "ts": ts(m["t"]),
