@@ -196,13 +196,16 @@ class PeakTree(Base):
         out, page = self.report(self.journal(), "--threshold", "0")
         tree = self.tree(out)
         self.assertEqual(tree[:9], [
-            "97.50% (19.5 GiB) in 4 sites listed at the process peak of 20.0 GiB",
+            "97.50% (19.5 GiB) in 4 sites listed at the process peak of 20.0 GiB; under each "
+            "line, its caller",
             "->90.00% (18.0 GiB) 9 allocs: /home/me/model.py:88 in Block.forward",
             "| ->60.00% (12.0 GiB) 6 allocs: /home/me/train.py:42 in train_step",
             "| | ->60.00% (12.0 GiB) 6 allocs: /home/me/train.py:80 in <module>",
-            # then the native frames, up to the interpreter (the Python frames say the rest)
-            "| |   ->60.00% (12.0 GiB) 6 allocs: c10::cuda::CUDACachingAllocator::Native::"
-            "DeviceCachingAllocator::malloc+0x1a4 (libc10_cuda.so)",
+            # then the native frames, up to the interpreter (the Python frames say the rest):
+            # what ran inside model.py:88, not a caller of <module>, and the first says so
+            "| |   ->60.00% (12.0 GiB) 6 allocs: inside model.py:88, from the allocation out: "
+            "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc+0x1a4 "
+            "(libc10_cuda.so)",
             "| |     ->60.00% (12.0 GiB) 6 allocs: at::native::empty_cuda+0x52 (libtorch_cuda.so)",
             "| |       ->60.00% (12.0 GiB) 6 allocs: at::native::addmm_out_cuda+0x91 (libtorch_cuda.so)",
             "| ->30.00% (6.0 GiB) 3 allocs: /home/me/train.py:47 in train_step",
@@ -219,6 +222,7 @@ class PeakTree(Base):
     def test_top_down_starts_from_the_outermost_python_caller(self):
         out = self.main("--top-down", "--threshold", "0", self.journal())
         tree = self.tree(out)
+        self.assertTrue(tree[0].endswith("; under each line, what it called"), tree[0])
         self.assertEqual(tree[1], "->90.00% (18.0 GiB) 9 allocs: /home/me/train.py:80 in <module>")
         self.assertEqual(tree[2], "| ->60.00% (12.0 GiB) 6 allocs: /home/me/train.py:42 in train_step")
         self.assertEqual(tree[3], "| | ->60.00% (12.0 GiB) 6 allocs: /home/me/model.py:88 in Block.forward")

@@ -308,7 +308,8 @@ class MergedStacks(Base):
             "|     ->60.00% (12.0 GiB) 6 allocs: /home/me/model.py:56 in Model.forward",
             "|       ->60.00% (12.0 GiB) 6 allocs: /home/me/train.py:29 in main",
             "|         ->60.00% (12.0 GiB) 6 allocs: /home/me/train.py:43 in <module>",
-            "|           ->60.00% (12.0 GiB) 6 allocs: aten::addmm (15 frames)",
+            "|           ->60.00% (12.0 GiB) 6 allocs: inside model.py:24, from the allocation "
+            "out: aten::addmm (15 frames)",
             "|             ->60.00% (12.0 GiB) 6 allocs: aten::linear (4 frames)"])
         i = tree.index("->30.00%% (6.0 GiB) 3 allocs: backward of `loss.backward()` (%s:57 in "
                        "train_step), MmBackward0" % self.train)

@@ -28,7 +28,8 @@ PyTorch's terms when gpuguard-run's instrumentation answered it with a
 This package renders what gpuguard.journal reads; the command is
 gpuguard.report.cli (tools/bin/gpuguard-report, or python -m gpuguard.report).
 
-Exit status: 0, or 1 when a journal could not be read, 2 on bad usage.
+Exit status: 0, or 1 when a journal could not be read, 2 on bad usage or a
+file that is not a journal.
 Standard library only.
 """
 
