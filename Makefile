@@ -51,7 +51,7 @@ INTERPOSER := hook_runtime hook_driver lookup api trampoline
 CORE_OBJ  := $(filter-out $(patsubst %,$(BUILD)/shim/%.o,$(INTERPOSER)),$(SHIM_OBJ))
 CORE_LIB  := $(BUILD)/libggcore.a
 
-.PHONY: all deps docs test test-unit test-e2e test-tsan test-gpu demo bench fuzz install clean check-deps \
+.PHONY: all deps deps-build docs test test-unit test-e2e test-tsan test-gpu demo bench fuzz install clean check-deps \
         torch-rig test-torch torch-traces
 all: check-deps $(SHIM_LIB) $(BUILD)/gpuguard-check
 
@@ -59,8 +59,13 @@ all: check-deps $(SHIM_LIB) $(BUILD)/gpuguard-check
 check-deps:
 	@sh tools/build-aux/deps.sh check "$(CUDA_HOME)"
 
-# `make test` and `make demo` install the Debian packages themselves as root.
+# `make test` and `make demo` install the Debian packages themselves as root;
+# `make test` also Debian's python3-torch, for the helper's tests (it says so,
+# and how large, first).
 deps:
+	@sh tools/build-aux/deps.sh install-test "$(CUDA_HOME)"
+
+deps-build:
 	@sh tools/build-aux/deps.sh install "$(CUDA_HOME)"
 
 $(BUILD)/shim/%.o: shim/%.c shim/*.h shim/*.def include/gpuguard.h | $(BUILD)/shim
@@ -139,7 +144,7 @@ torch-traces: all
 	@GG_BUILD=$(BUILD) $(PYTHON) tests/torch/record_traces.py
 
 # TORCH=real: the same story with real PyTorch 2.6 on the fake GPU (the rig).
-demo: deps
+demo: deps-build
 	@$(MAKE) --no-print-directory $(SHIM_LIB) $(FAKE_LIBS)
 	@GG_BUILD=$(BUILD) $(PYTHON) tools/demo/demo.py $(if $(filter real,$(TORCH)),--rig)
 
