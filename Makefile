@@ -4,7 +4,7 @@
 #   make test         every test (no GPU needed); SANITIZE=1 for ASan+UBSan
 #   make test-tsan    the threaded unit tests under ThreadSanitizer
 #   make test-gpu     real PyTorch steps on a GPU (skips without one)
-#   make torch-rig    build the real-PyTorch rig once (tests/torch: ~5 min, ~4.5 GB)
+#   make torch-rig    build the real-PyTorch rig once (tests/torch: 3-4 min, 3.7 GB)
 #   make test-torch   only the real-PyTorch tests (needs the rig)
 #   make torch-traces record the golden traces (tests/traces) with the rig
 #   make demo         a simulated training run under the guard (TORCH=real:

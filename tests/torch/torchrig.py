@@ -1,5 +1,7 @@
 """Real PyTorch on the fake GPU: run a script in the rig's chroot (tests/torch/rig),
-under the shim or not, and read what it printed and what the shim left.
+under the shim or not, and read what it printed and what the shim left; and
+`tests/torch/rig run` (main() here): a user's own command, from the directory
+it is started in, under the installed gpuguard.
 
 The rig holds Debian's PyTorch 2.6 CUDA build; each test session copies
 into it, under /tmp, the shim and the fake CUDA stack built from the
@@ -32,7 +34,7 @@ MiB = 1 << 20
 RTX3090 = "NVIDIA GeForce RTX 3090,24GiB,8.6"
 RTX5090 = "NVIDIA GeForce RTX 5090,32GiB,12.0"
 
-HOW = ("no real-PyTorch rig: `make torch-rig` builds it once (~5 min, ~4.5 GB under "
+HOW = ("no real-PyTorch rig: `make torch-rig` builds it once (3-4 min, 3.7 GB under "
        "/var/cache/gpuguard, needs root and Debian's archive)")
 
 _rig = None
@@ -97,10 +99,14 @@ class Session:
         shutil.copytree(os.path.join(ROOT, "policy"), os.path.join(self.host_dir, "policy"))
         shutil.copytree(os.path.join(ROOT, "tools", "demo"), os.path.join(self.host_dir, "demo"),
                         ignore=shutil.ignore_patterns("__pycache__"))
-        # gpuguard-run beside lib/ and python/, as in the source tree's layout
+        # gpuguard-run beside lib/ and python/, as in the source tree's layout,
+        # and the gpuguard-check it checks its options' values with
         os.makedirs(os.path.join(self.host_dir, "bin"))
         shutil.copy2(os.path.join(ROOT, "tools", "bin", "gpuguard-run"),
                      os.path.join(self.host_dir, "bin", "gpuguard-run"))
+        if os.path.exists(os.path.join(BUILD, "gpuguard-check")):
+            shutil.copy2(os.path.join(BUILD, "gpuguard-check"),
+                         os.path.join(self.host_dir, "bin", "gpuguard-check"))
         self.shim = self.dir + "/lib/libgpuguard.so"
         self.gpuguard_run = self.dir + "/bin/gpuguard-run"
         atexit.register(shutil.rmtree, self.host_dir, True)
@@ -154,12 +160,14 @@ class Run:
 
 
 def command(argv, inner_dir, preload=True, devices=RTX3090, policy=None, env=None, trace=False,
-            gpuguard_run=None):
+            gpuguard_run=None, bind=None):
     """The host command that runs argv (the chroot's paths) in the rig, in
     inner_dir (the chroot's name for a directory under the rig), with the
     fakes in front and, when preload, the shim: the session's own files.
     gpuguard_run (a list of its options, [] for none): through the session's
-    gpuguard-run instead, which preloads the shim and instruments Python."""
+    gpuguard-run instead, which preloads the shim and instruments Python.
+    bind: a host directory mounted (bind) on inner_dir for the run, in its
+    private mount namespace: what the command writes there is on the host."""
     s = session()
     if gpuguard_run is not None:
         preload = False
@@ -185,8 +193,14 @@ def command(argv, inner_dir, preload=True, devices=RTX3090, policy=None, env=Non
     if preloads:
         e["LD_PRELOAD"] = ":".join(preloads)
     e.update({k: str(v) for k, v in (env or {}).items()})
+    mounts = 'mount -t proc proc "$0/proc"'
+    head = [s.root]
+    if bind:
+        # $1 is the host directory, $0$2 its mount point in the chroot
+        mounts += ' && mount --bind "$1" "$0$2" && shift 2'
+        head = [s.root, bind, inner_dir]
     return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
-            'mount -t proc proc "$0/proc" && exec chroot "$0" "$@"', s.root,
+            mounts + ' && exec chroot "$0" "$@"'] + head + [
             "/bin/sh", "-c", 'cd "$0" && exec "$@"', inner_dir,
             "/usr/bin/env", "-i"] + ["%s=%s" % kv for kv in sorted(e.items())] + [str(a) for a in argv]
 
@@ -247,3 +261,109 @@ def format_size(n):
     if n <= 1073741824:
         return "%.2f MiB" % (n / 1048576.0)
     return "%.2f GiB" % (n / 1073741824.0)
+
+
+# ---- tests/torch/rig run: a user's own command in the rig ----------------------
+
+RUN_USAGE = """usage: tests/torch/rig run [--bare] [--gpu NAME,MEMORY,CC] [GPUGUARD-RUN OPTIONS] -- CMD [ARGS...]
+
+Runs CMD (e.g. python3 train.py) in the rig: Debian's PyTorch 2.6 CUDA build on
+the fake GPU, under gpuguard as installed (the shim, the Python helper and
+gpuguard-run's instrumentation, the shipped policies, built from this
+checkout), in the directory it is started from: that directory is mounted in
+the chroot for the run, so CMD reads its files there and what it writes (its
+journals too) lands there. Paths outside it do not exist in the chroot.
+
+  --bare           without gpuguard (the fakes only): the same run, unguarded
+  --gpu SPEC       the fake GPU, as FAKECUDA_DEVICES says it (default
+                   "NVIDIA GeForce RTX 3090,24GiB,8.6"; several: ';'-separated)
+  other options    gpuguard-run's (--policy, --mode, --headroom, --signal, ...)
+
+Exit status: CMD's; 1 when the rig is not built; 2 on bad usage."""
+
+# What the run copies into the chroot, built from the checkout (the rest of
+# $GG_BUILD/fake comes along when it is there).
+RUN_NEEDS = ["libgpuguard.so", "gpuguard-check", "fake/libcuda.so.1", "fake/libcudart.so.12",
+             "fake/libnvidia-ml.so.1", "fake/libcublas.so.12", "fake/libcublasLt.so.12",
+             "fake/libcudnn.so.9"]
+
+
+def journals_in(directory):
+    return {n for n in os.listdir(directory) if n.startswith("gpuguard.") and n.endswith(".jsonl")}
+
+
+def main(argv):
+    """tests/torch/rig run ...: see RUN_USAGE."""
+    def usage(why):
+        sys.stderr.write("rig run: %s\n%s\n" % (why, RUN_USAGE))
+        return 2
+    if not argv or argv[0] != "run":
+        return usage("unknown command")
+    args = argv[1:]
+    if args[:1] in (["-h"], ["--help"]):
+        print(RUN_USAGE)
+        return 0
+    if "--" not in args:
+        return usage("no command: put it after --")
+    opts, cmd = args[:args.index("--")], args[args.index("--") + 1:]
+    if not cmd:
+        return usage("no command after --")
+    bare, devices, run_opts = False, os.environ.get("FAKECUDA_DEVICES") or RTX3090, []
+    i = 0
+    while i < len(opts):
+        o = opts[i]
+        if o == "--bare":
+            bare = True
+        elif o == "--gpu" and i + 1 < len(opts):
+            devices = opts[i + 1]
+            i += 1
+        elif o.startswith("--gpu="):
+            devices = o[len("--gpu="):]
+        elif o == "--gpu":
+            return usage("--gpu needs a SPEC")
+        else:
+            run_opts.append(o)
+        i += 1
+    if bare and run_opts:
+        return usage("--bare runs without gpuguard: %s is gpuguard-run's" % run_opts[0])
+    root = rig_root()
+    if root is None:
+        sys.stderr.write("rig run: " + HOW + "\n")
+        return 1
+    missing = [n for n in RUN_NEEDS if not os.path.exists(os.path.join(BUILD, n))]
+    if missing and not os.environ.get("GG_BUILD"):
+        # the checkout's own build: make what the run copies in
+        subprocess.run(["make", "-s", "--no-print-directory", "-C", ROOT] +
+                       [os.path.join("build", n) for n in missing])
+        missing = [n for n in RUN_NEEDS if not os.path.exists(os.path.join(BUILD, n))]
+    if missing:
+        sys.stderr.write("rig run: not built in %s: %s (make builds the first two, make demo "
+                         "the fakes)\n" % (BUILD, ", ".join(missing)))
+        return 1
+    s = session()
+    here = os.getcwd()
+    work = os.path.join(s.host_dir, "work")
+    os.makedirs(work)
+    inner = s.inside(work)
+    before = journals_in(here)
+    sys.stderr.write("rig run: %s, in %s (mounted at %s in the rig)%s\n" % (
+        " ".join(cmd), here, inner, "; without gpuguard" if bare else
+        "; under gpuguard-run %s; journals land there" % " ".join(run_opts)
+        if run_opts else "; under gpuguard-run; journals land there"))
+    sys.stderr.flush()
+    argv = command(cmd, inner, preload=False, devices=devices,
+                   env={"PYTHONPATH": s.dir + "/python"},
+                   gpuguard_run=None if bare else run_opts, bind=here)
+    rc = subprocess.run(argv).returncode
+    new = sorted(journals_in(here) - before)
+    for name in new:
+        sys.stderr.write("rig run: journal %s\n" % os.path.join(here, name))
+    if new:
+        sys.stderr.write("rig run: read it with: %s %s --substitute-path %s %s\n" % (
+            os.path.join(ROOT, "tools", "bin", "gpuguard-report"),
+            os.path.join(here, new[0]) if len(new) == 1 else here, inner, here))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
