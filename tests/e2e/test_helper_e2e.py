@@ -259,19 +259,23 @@ class Demo(Case):
         # was advised off at step 19; through its last step, 28), and the
         # next run starts from it and meets no advice at all
         # what the next run will do: the loader's batch of 32 kept, split in
-        # micro-batches of the recommended size (effective 32, as this run's)
-        self.assertRegex(out, r"NVIDIA GeForce RTX 3090: micro-batch (\d+), \d+ micro-batches "
-                              r"per batch of 32 \(effective 32\)\n")
-        rec = int(re.search(r"NVIDIA GeForce RTX 3090: micro-batch (\d+),", out).group(1))
+        # micro-batches of at most the recommended size (effective 32, as
+        # this run's), said as the helper of the next run says it
+        m = re.search(r"NVIDIA GeForce RTX 3090: each batch of 32 as (\d+) micro-batches of at "
+                      r"most (\d+) \(effective 32(?:; up to (\d+) would fit)?\)\n", out)
+        self.assertIsNotNone(m, out)
+        pieces, micro = int(m.group(1)), int(m.group(2))
+        rec = int(m.group(3) or micro)
         self.assertLess(rec, 16)
         self.assertNotIn("(effective 33)", out)
         self.assertIn("covers: steps 1-28, this run's; batch %d reaches" % rec, out)
         self.assertIn("batch 16 was advised off at step 19", out)
-        self.assertIn("gpuguard: from batch 1 on, each batch of 32 is split into", out)
-        self.assertIn("micro-batches of at most %d (policy %s" % (
-            rec, os.path.join(out_dir, "next", "nvidia-geforce-rtx-3090.ini")), out)
+        self.assertIn("gpuguard: from batch 1 on, each batch of 32 is split into %d micro-batches "
+                      "of at most %d (policy %s" % (
+                          pieces, micro,
+                          os.path.join(out_dir, "next", "nvidia-geforce-rtx-3090.ini")), out)
         self.assertRegex(out, r"next run: +finished every step \(exit status 0, [\d.]+ s\), "
-                              r"started at micro-batch %d, 0 advice, 0 near misses" % rec)
+                              r"started at micro-batch %d, 0 advice, 0 near misses" % micro)
         self.assertTrue(out.rstrip().endswith("story: as expected"))
         # a journal per guarded run (the unguarded run leaves none), in the out dir only
         journals = [n for n in os.listdir(out_dir) if n.endswith(".jsonl")]

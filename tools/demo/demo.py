@@ -18,7 +18,9 @@
      gradients add up to the batch's, so the effective batch is kept, and
      the run finishes every step.
 
-Then tools/bin/gpuguard-report reads the guarded run's journal.
+Then tools/bin/gpuguard-report reads the guarded run's journal, and its
+--recommend --out writes the policy of a third run, the same trainer under
+it, which starts from the recommended batch and meets no advice.
 
 Without a GPU (or without PyTorch) the GPU is the fake one of tests/fake (an
 RTX 3090, 24 GiB) and "PyTorch" is libtorchlike.so, a caching allocator like
@@ -30,7 +32,9 @@ TORCH=real`) the same real PyTorch model runs on the fake RTX 3090: Debian's
 PyTorch 2.6 CUDA build in the rig of tests/torch (`make torch-rig`), its
 caching allocator, its OOM, its autograd; the unguarded run dies when the
 fake device is full, the guarded one runs under the shipped
-policy/rtx-3090.ini, as the simulated story does.
+policy/rtx-3090.ini, and the third under the recommended one, as the
+simulated story does; what the runs in the chroot say of its paths (their
+journals, the policy) is said of the host's.
 
 Journals and the HTML report go to DIR (default $GG_BUILD/demo). Exit status:
 0 when the story went as it should (the unguarded run died of OOM, the
@@ -377,10 +381,11 @@ def run_trainer(backend, plan, build, env, out_dir):
         return proc.returncode, proc.pid, err.read()
 
 
-def run_next(backend, plan, build, guarded, out_dir, journal):
+def run_next(backend, plan, build, guarded, out_dir, journal, rig=None):
     """Run 3: gpuguard-report --recommend --out writes the policy the next
     run should use; the same trainer runs under it (GPUGUARD_POLICY), and
-    its helper starts from the recommended batch."""
+    its helper starts from the recommended batch. rig: in the rig of
+    tests/torch (the policy copied in)."""
     policy_dir = os.path.join(out_dir, "next")
     shutil.rmtree(policy_dir, ignore_errors=True)
     heading("Run 3: the next run, under the recommended policy")
@@ -396,15 +401,18 @@ def run_next(backend, plan, build, guarded, out_dir, journal):
         say("=> no policy written: the next run would start as this one did")
         return {"ok": False, "text": "no recommendation written"}
     env = dict(guarded, GPUGUARD_POLICY=policy_dir)
-    say("$ GPUGUARD_POLICY=%s LD_PRELOAD=... python3 tools/demo/demo.py --train %s ..."
-        % (os.path.relpath(policy_dir), backend))
+    say("$ GPUGUARD_POLICY=%s LD_PRELOAD=... python3 tools/demo/demo.py --train %s ...%s"
+        % (os.path.relpath(policy_dir), backend, "   # in the rig" if rig else ""))
     t0 = time.time()
-    rc, pid, err = run_trainer(backend, plan, build, env, out_dir)
+    if rig:
+        rc, pid, err = rig_trainer(rig, plan, out_dir, guarded=True, policy_dir=policy_dir)
+    else:
+        rc, pid, err = run_trainer(backend, plan, build, env, out_dir)
     for line in err.splitlines():
         if line.startswith("gpuguard:"):
             say("   " + line)
     events = []
-    j3 = find_journal(out_dir, pid)
+    j3 = find_journal(out_dir, pid) if pid is not None else None
     if j3:
         with open(j3) as f:
             events = [json.loads(l) for l in f if l.strip()]
@@ -522,14 +530,24 @@ def rig_setup(build, out_dir):
     return plan, torchrig
 
 
-def rig_trainer(torchrig, plan, out_dir, guarded):
-    """The trainer in the rig: (rc, pid, stderr), its lines relayed."""
+def rig_trainer(torchrig, plan, out_dir, guarded, policy_dir=None):
+    """The trainer in the rig: (rc, pid, stderr), its lines relayed. Its
+    journal is copied into out_dir, and what its stderr says of the chroot's
+    paths (the journal, the policy) is said of the host's. policy_dir: a
+    host directory of policies, copied in for the run (else the shipped)."""
     s = torchrig.session()
     run_dir = tempfile.mkdtemp(prefix="demo-", dir=s.host_dir)
     os.chmod(run_dir, 0o777)
+    places = [(s.inside(run_dir) + "/", out_dir + "/"), (s.dir + "/policy/", POLICY_DIR + "/")]
+    policy = None
+    if policy_dir:
+        inside = os.path.join(run_dir, "policy")
+        shutil.copytree(policy_dir, inside)
+        policy = s.inside(inside)
+        places.insert(0, (policy + "/", policy_dir.rstrip("/") + "/"))
     argv = torchrig.command(["/usr/bin/python3", s.dir + "/demo/demo.py", "--train", "real",
                              "--build", "-", "--plan", json.dumps(plan)],
-                            s.inside(run_dir), preload=guarded, devices=FAKE_DEVICE,
+                            s.inside(run_dir), preload=guarded, devices=FAKE_DEVICE, policy=policy,
                             env={"FAKECUDA_CONTEXT_BYTES": plan["context"], "PYTHONUNBUFFERED": 1})
     with tempfile.TemporaryFile(mode="w+") as err:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True)
@@ -543,6 +561,8 @@ def rig_trainer(torchrig, plan, out_dir, guarded):
         if name.startswith("gpuguard.") and name.endswith(".jsonl"):
             shutil.copy(os.path.join(run_dir, name), out_dir)
             pid = int(name.rsplit(".", 2)[-2].split("-")[0])
+    for inner, host in places:
+        stderr = stderr.replace(inner, host)
     return proc.returncode, pid, stderr
 
 
@@ -687,8 +707,8 @@ def main():
         say("demo: the guarded run left no journal in %s" % out_dir)
 
     next_run = None
-    if journal and not rig:
-        next_run = run_next(backend, guarded_plan, build, guarded, out_dir, journal)
+    if journal:
+        next_run = run_next(backend, guarded_plan, build, guarded, out_dir, journal, rig)
 
     heading("Verdict")
     say("without gpuguard: %s" % ("died of CUDA out of memory" if died else "did not die of an OOM (unexpected)"))

@@ -53,13 +53,15 @@ class RecommendationWords(unittest.TestCase):
         r = Recommendation(RTX)
         # the helper keeps the loader's 32 and splits it 11 + 11 + 10: never 33
         r.batch, r.accum, r.effective = 11, 3, 32
-        self.assertEqual(shape_text(r), "micro-batch 11, 3 micro-batches per batch of 32 "
+        self.assertEqual(shape_text(r), "each batch of 32 as 3 micro-batches of at most 11 "
                                         "(effective 32)")
-        r.batch, r.accum, r.effective = 8, 4, 32
-        self.assertEqual(shape_text(r), "micro-batch 8, 4 micro-batches per batch of 32 "
-                                        "(effective 32)")
+        # batch 10 allows 4 pieces of 10, but 32 in 4 is 8 each: what the
+        # helper will run, and what would fit
+        r.batch, r.accum, r.effective = 10, 4, 32
+        self.assertEqual(shape_text(r), "each batch of 32 as 4 micro-batches of at most 8 "
+                                        "(effective 32; up to 10 would fit)")
         r.batch, r.accum, r.effective = 24, 1, 24
-        self.assertEqual(shape_text(r), "batch 24, no accumulation (effective 24)")
+        self.assertEqual(shape_text(r), "each batch of 24 whole (effective 24)")
 
 
 class TraceSteps(Base):

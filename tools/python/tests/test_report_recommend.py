@@ -254,8 +254,8 @@ class Recommend(Base):
         lines = out.splitlines()
         i = lines.index("Recommendation for the next run (--recommend):")
         # what the next run does: the loader's 32 split into 11 + 11 + 10
-        self.assertEqual(lines[i + 1], "  %s: micro-batch 11, 3 micro-batches per batch of 32 "
-                                       "(effective 32)" % RTX)
+        self.assertEqual(lines[i + 1], "  %s: each batch of 32 as 3 micro-batches of at "
+                                       "most 11 (effective 32)" % RTX)
         self.assertEqual(lines[i + 2],
                          "    why: fit peak = 6.00 GiB + 1.25 GiB x batch from 2 points "
                          "(4: 11.0 GiB, 8: 16.0 GiB), refused at 16 (needed >= 21.8 GiB); "
@@ -370,7 +370,7 @@ class Recommend(Base):
         r2 = trainer([(2, 16, 2)], pid=102, rank=2, name="NVIDIA L4", total=24 * GiB)
         out_dir = os.path.join(self.tmp, "next")
         out = self.report("--recommend", "--out", out_dir, *(p.write(self.tmp) for p in (r0, r1, r2)))
-        self.assertIn("  %s: micro-batch 11, 3 micro-batches per batch of 32 (effective 32)" % RTX,
+        self.assertIn("  %s: each batch of 32 as 3 micro-batches of at most 11 (effective 32)" % RTX,
                       out)
         self.assertIn("  NVIDIA L4: no recommendation: 1 fitted point", out)
         self.assertEqual(sorted(os.listdir(out_dir)), ["nvidia-geforce-rtx-3090.ini"])
@@ -383,7 +383,7 @@ class Recommend(Base):
         with open(page) as f:
             text = f.read()
         self.assertIn("<h2>Recommendation</h2>", text)
-        self.assertIn("micro-batch 11, 3 micro-batches per batch of 32 (effective 32)", text)
+        self.assertIn("each batch of 32 as 3 micro-batches of at most 11 (effective 32)", text)
 
     def test_out_needs_recommend(self):
         with redirect_stderr(io.StringIO()):

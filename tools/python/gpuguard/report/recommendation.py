@@ -239,13 +239,19 @@ def _propose(r, best, eff, predicted):
 
 
 def shape_text(r):
-    """What the next run does with each batch, as the Python helper runs it:
-    the loader's batch (the effective one) kept and split into `accum`
-    micro-batches of at most `batch` (32 as 11 + 11 + 10), never batch x accum."""
+    """What the next run does with each batch, in the helper's words: it
+    keeps the loader's batch (the effective one) and splits it into the
+    fewest pieces of at most `batch` samples, as evenly as it can (32 at
+    batch 11: 3 pieces of at most 11, 11 + 11 + 10; at batch 10: 4 of at most
+    8), never batch x accum samples."""
     if r.accum > 1:
-        return "micro-batch %d, %d micro-batches per batch of %d (effective %d)" % (
-            r.batch, r.accum, r.effective, r.effective)
-    return "batch %d, no accumulation (effective %d)" % (r.batch, r.batch)
+        micro = -(-r.effective // r.accum)
+        text = "each batch of %d as %d micro-batches of at most %d (effective %d" % (
+            r.effective, r.accum, micro, r.effective)
+        if micro < r.batch:
+            text += "; up to %d would fit" % r.batch
+        return text + ")"
+    return "each batch of %d whole (effective %d)" % (r.effective, r.effective)
 
 
 def recommend_text(recs, written=None):
