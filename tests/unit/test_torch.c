@@ -63,7 +63,7 @@ static int count_of(const char *ev)
 
 /* ---- the interpreter, played ---------------------------------------------------- */
 
-static int queued;
+static atomic_int queued; /* incidents() threads queue at once */
 
 static int fake_add(gg_pycall_fn fn, void *arg)
 {
