@@ -79,6 +79,7 @@ $(CORE_LIB): $(CORE_OBJ)
 $(BUILD)/shim $(BUILD)/tests/unit $(BUILD)/tests/progs $(BUILD)/fake:
 	mkdir -p $@
 
+-include sim/sim.mk
 -include tests/fake/fake.mk
 -include tools/check/check.mk
 -include bench/bench.mk
