@@ -123,7 +123,7 @@ test-tsan: deps
 
 # Real PyTorch training steps under the shim (docs/testing.md); skips
 # cleanly, and says so, where there is no GPU or no PyTorch.
-test-gpu: all
+test-gpu: all $(SIM_LIBS)
 	@GG_BUILD=$(BUILD) $(PYTHON) tests/gpu/run_gpu.py
 
 # Real PyTorch 2.6 (Debian's CUDA build) on the fake GPU: the rig is a

@@ -222,6 +222,27 @@ class Harmless(PreflightCase):
         self.assertIn("file %s/last.pt" % self.inner_home, pf.out)
         self.assertIn("discarded: your files are unchanged", pf.out)
 
+    def test_without_a_throwaway_layer_it_refuses_to_run(self):
+        # a user who is not root, in a chroot: no user namespace can be made
+        # there (unshare(2): EPERM in a chroot), so no layer: nothing runs
+        s = self.sess
+        argv = [self.prefix + "/bin/gpuguard-preflight", "--gpu", MODEL_24, "--",
+                "python3", s.dir + "/scripts/pf_lm.py", "--steps", "2", "--ckpt", "marker.pt"]
+        env = user_env(self.inner_home)
+        cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+               'mount -t proc proc "$0/proc" && exec chroot --userspec=nobody:nogroup "$0" "$@"',
+               s.root, "/bin/sh", "-c", 'cd "$0" && exec "$@"', self.inner_home,
+               "/usr/bin/env", "-i"] + ["%s=%s" % kv for kv in sorted(env.items())] + argv
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              universal_newlines=True, timeout=300)
+        self.assertEqual(proc.returncode, 3, proc.stdout + proc.stderr)
+        self.assertEqual(proc.stdout, "")
+        self.assertIn("refused to run the script: no throwaway layer for its writes: cannot "
+                      "make a user namespace as uid 65534", proc.stderr)
+        self.assertIn("a chroot never allows them", proc.stderr)
+        self.assertIn("Nothing ran.", proc.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.home, "marker.pt")))
+
     def test_a_failure_that_is_not_memory_says_why_with_the_scripts_traceback(self):
         pf = self.preflight([MODEL_24], "pf_lm.py", "--steps", "5", "--fail-at", "3", *SMALL_LM)
         self.assertEqual(pf.rc, 3, pf.out + pf.err)

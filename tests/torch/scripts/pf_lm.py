@@ -5,8 +5,9 @@ logits over a vocabulary, trained with AdamW on batches of token ids.
     pf_lm.py [--batch B] [--seq T] [--dim D] [--layers L] [--vocab V] [--steps N]
              [--ckpt FILE] [--save-at-exit FILE] [--mask] [--fail-at STEP]
 
-Prints RESULT step {step, loss, max_reserved, max_allocated} after every
-optimizer step (PyTorch's own figures, as a user reads them); --ckpt saves
+Prints RESULT step {step, loss, max_reserved, max_allocated, used} after
+every optimizer step (PyTorch's own figures, as a user reads them, and the
+device's use by torch.cuda.mem_get_info()); --ckpt saves
 model and optimizer state at the last step, --save-at-exit in an exit
 handler (the files a run on zeros must never replace). --mask leaves out
 padding tokens (id 0) by a boolean mask made on the GPU, a shape that
@@ -74,9 +75,10 @@ def main():
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        free, total = torch.cuda.mem_get_info()
         result("step", step=step, loss=float(loss.item()),
                max_reserved=torch.cuda.max_memory_reserved(),
-               max_allocated=torch.cuda.max_memory_allocated())
+               max_allocated=torch.cuda.max_memory_allocated(), used=total - free)
         if step == a.steps and a.ckpt:
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step},
                        a.ckpt)

@@ -333,10 +333,15 @@ def write_out(answers, outdir, argv):
 
 # --- text -----------------------------------------------------------------------------------
 
-def _runs(a, b):
+def _runs(b):
+    """The runs behind a verdict, said."""
+    need = None
+    if b.need_run is not None:
+        need = ("on a larger simulated device" if b.need_run.spec.kind == "need" else
+                "the %s run's" % b.need_run.spec.model.name)
     return ", ".join("%s%s" % (what, "" if r.completed else " (out of memory)")
                      for what, r in (("at the whole device", b.fit), ("under the limit", b.limit_run),
-                                     ("on a larger simulated device", b.need_run))
+                                     (need, b.need_run))
                      if r is not None)
 
 
@@ -406,7 +411,7 @@ def text(answers, ctx):
             out.append("    %s" % explain(b))
             if src is not None and src.steps:
                 out.append("    per step (reserved / needed): %s" % _steps_text(src))
-            out.append("    runs: %s" % _runs(a, b))
+            out.append("    runs: %s" % _runs(b))
         if top.outside is not None:
             out.append("  outside PyTorch (estimated): %s" % top.outside.text())
         if a.max_batch is not None or a.max_batch_why:

@@ -46,7 +46,11 @@ def parse_args(argv):
                     "GPU of each model, with real PyTorch and no GPU, and says per model the "
                     "peak PyTorch reserved, what a real GPU adds, whether it fits under the "
                     "policy's limit and the largest batch that does. The script's writes go "
-                    "to a throwaway layer; it has no network.")
+                    "to a throwaway layer; it has no network.",
+        epilog="exit status: 0 every model fits, 1 some model does not (or only without the "
+               "policy's headroom), 2 bad usage, 3 no answer (the script failed otherwise, no "
+               "PyTorch CUDA build, no throwaway layer). docs/preflight.md says what it "
+               "measures, what it estimates and what it cannot see.")
     p.add_argument("--gpu", action="append", default=[], metavar="MODEL",
                    help="a GPU model: a policy's model (rtx-3090, h100-80gb, ...) or "
                         "\"NAME,MEMORY,CC\" (e.g. \"NVIDIA GeForce RTX 3090,24GiB,8.6\"); "
@@ -69,7 +73,8 @@ def parse_args(argv):
     p.add_argument("--keep", metavar="DIR",
                    help="keep each run's journal, output and figures in DIR")
     p.add_argument("--version", action="version", version="gpuguard-preflight " + VERSION)
-    p.add_argument("command", nargs=argparse.REMAINDER)
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD",
+                   help="the command to run, after --: python train.py ARGS")
     opts = p.parse_args(argv)
     cmd = opts.command
     if cmd and cmd[0] == "--":
@@ -158,8 +163,9 @@ def main(bindir, argv=None):
     base_env = dict(os.environ)
     cwd = os.getcwd()
     torch = runner.find_torch(opts.command, base_env)
-    if torch.cuda is None and torch.why and "no torch" in torch.why:
-        sys.stderr.write("gpuguard-preflight: %s: nothing to simulate\n" % torch.why)
+    if torch.cuda is None and (torch.dir is not None or torch.why.endswith("has no torch")):
+        sys.stderr.write("gpuguard-preflight: %s: nothing would run on a GPU (PyTorch's CUDA "
+                         "build is pip's default on Linux: pip install torch)\n" % torch.why)
         return EXIT_NO_ANSWER
     cuda = torch.cuda or 12
     jobs = opts.jobs or min(4, os.cpu_count() or 1)
@@ -253,6 +259,13 @@ def main(bindir, argv=None):
     answers = [ans.ModelAnswer(m, [table[(bv, m.key)] for bv in opts.batches]) for m in models]
     try:
         sched.run()
+        refused = [b.fit.outcome.refused for b in table.values()
+                   if b.fit is not None and b.fit.outcome.refused]
+        if refused:
+            sys.stderr.write("gpuguard-preflight: refused to run the script: no throwaway layer "
+                             "for its writes: %s\nNothing ran.\n" % refused[0])
+            shutil.rmtree(workdir, ignore_errors=True)
+            return EXIT_NO_ANSWER
         followups()
         sched.run()
         # The largest batch that fits is one a run showed: a batch the line
@@ -313,8 +326,8 @@ def main(bindir, argv=None):
             lines += ["", "No policy written: it needs --batch with two values that ran "
                           "(a line of the need against the batch)"]
         lines.append("")
-        lines.append("%d runs on the simulated GPU in %.1f s (%d at once)" % (
-            len(runs), took, max(1, jobs)))
+        lines.append("%d run%s on the simulated GPU in %.1f s (%d at once)" % (
+            len(runs), "" if len(runs) == 1 else "s", took, max(1, jobs)))
         sys.stdout.write("\n".join(lines) + "\n")
     if opts.keep:
         keep(runs, opts.keep)

@@ -490,8 +490,7 @@ def _serve(spec):
             os.dup2(null, 0)
             os.dup2(out, 1)
             os.dup2(err, 2)
-            os.close(ready_w)
-            os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
+            os.execvpe(spec["argv"][0], spec["argv"], spec["env"])  # closes ready_w (CLOEXEC)
         except BaseException as e:  # noqa: B036 (the child must never return)
             try:
                 os.write(ready_w, ("%s: %s" % (spec["argv"][0], e)).encode("utf-8", "replace"))
