@@ -3,7 +3,6 @@ sandbox.py), on this machine: a command's writes never reach the real files
 and are said, it has no network but loopback, nothing it starts outlives
 it, a time limit stops it; as root and as another user (a user namespace).
 """
-import errno
 import json
 import os
 import shutil

@@ -14,14 +14,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torchrig  # noqa: E402
-from torchrig import BUILD, GiB, MiB, ROOT, SANITIZE, TorchCase  # noqa: E402
+from torchrig import BUILD, ROOT, SANITIZE, TorchCase  # noqa: E402
 
 MODEL_24 = "NVIDIA GeForce RTX 3090,24GiB,8.6"
 MODEL_16 = "Tesla T4,16GiB,7.5"
