@@ -199,6 +199,23 @@ class VerdictsAgreeWithEnforce(PreflightCase):
         # the three models do not all say the same
         self.assertGreater(len(set(verdicts.values())), 1, verdicts)
 
+    def test_fits_only_by_pytorch_emptying_its_cache(self):
+        # a batch that grows every step fills PyTorch's cache with blocks too
+        # small for the next: unconstrained it reserves far more than its
+        # tensors need, and under the guard's limit it empties its cache
+        # and retries, and finishes (tests/torch/README.md, grow.py)
+        args = ["--steps", "12", "--batch", "4", "--grow", "8", "--seq", "512", "--dim", "1024",
+                "--layers", "4"]
+        pf = self.preflight([MODEL_24], "grow.py", *args, options=["--steps", "0"])
+        self.assertEqual(pf.rc, 0, pf.out + pf.err)
+        self.assertIn("fits: PyTorch reserved", pf.out)
+        self.assertIn("fits under the limit only because PyTorch emptied its cache when the "
+                      "guard refused", pf.out)
+        self.assertIn("runs: at the whole device, under the limit", pf.out)
+        enforce = self.enforced(MODEL_24, 400 * (1 << 20), "grow.py", *args)
+        self.assertTrue(completed(enforce), enforce.err[-2000:])
+        self.assertEqual(enforce.result("final")["steps"], 12)
+
 
 class Harmless(PreflightCase):
     def test_a_checkpoint_saved_at_the_last_step_leaves_the_users_file(self):

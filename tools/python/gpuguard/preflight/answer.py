@@ -87,21 +87,37 @@ class Batch(object):
         return self.fit
 
     @property
+    def verdict_run(self):
+        """The run the reported peaks are of: the run under the limit when
+        the script fits only there (PyTorch emptying its cache: what it
+        reserves on that GPU under the guard), else source_run."""
+        if self.verdict == FITS and self.limit_run is not None and self.limit_run.completed:
+            return self.limit_run
+        return self.source_run
+
+    @property
     def peak_reserved(self):
-        r = self.source_run
+        r = self.verdict_run
         return r.max_reserved if r is not None else None
 
     @property
     def peak_needed(self):
-        r = self.source_run
+        r = self.verdict_run
         return r.max_needed if r is not None else None
 
     @property
+    def unconstrained(self):
+        """PyTorch's peak reserved with no limit touched."""
+        r = self.source_run
+        return r.max_reserved if r is not None else None
+
+    @property
     def need(self):
-        """Bytes the device must have for it: PyTorch's peak plus the rest."""
-        if self.peak_reserved is None or self.outside is None:
+        """Bytes the device must have for it with no limit touched:
+        PyTorch's unconstrained peak plus the rest."""
+        if self.unconstrained is None or self.outside is None:
             return None
-        return self.peak_reserved + self.outside.bytes
+        return self.unconstrained + self.outside.bytes
 
     @property
     def fits(self):
@@ -154,10 +170,10 @@ def explain(b):
     if b.verdict == FITS and b.limit_run is not None:
         r = b.limit_run
         return ("fits under the limit only because PyTorch emptied its cache when the guard "
-                "refused (%d times; slower steps): unconstrained it reserves %s, + %s outside "
-                "PyTorch = %s > limit %s" % (r.flushes, fmt_bytes(b.peak_reserved),
-                                              fmt_bytes(out.bytes), fmt_bytes(need),
-                                              fmt_bytes(lim)))
+                "refused (%d times; slower steps): it reserved %s at most there; with no "
+                "limit it reserves %s, + %s outside PyTorch = %s > limit %s" % (
+                    r.flushes, fmt_bytes(b.peak_reserved), fmt_bytes(b.unconstrained),
+                    fmt_bytes(out.bytes), fmt_bytes(need), fmt_bytes(lim)))
     if b.verdict == FITS:
         return "%s + %s outside PyTorch = %s <= limit %s (%s spare)" % (
             fmt_bytes(b.peak_reserved), fmt_bytes(out.bytes), fmt_bytes(need), fmt_bytes(lim),
@@ -392,7 +408,7 @@ def text(answers, ctx):
                 if tb:
                     out.extend("    | " + l for l in tb.splitlines()[-12:])
                 continue
-            src = b.source_run
+            src = b.verdict_run
             peak = src.peak_step if src is not None else None
             where = ""
             if peak is not None:
