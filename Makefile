@@ -11,7 +11,8 @@
 #                     real PyTorch 2.6 on the fake GPU, with the rig)
 #   make bench        what the shim costs (docs/costs.md)
 #   make fuzz         the libFuzzer harnesses, FUZZ_SECONDS (60) each (needs clang)
-#   make install PREFIX=/usr/local DESTDIR=
+#   make install PREFIX=/usr/local DESTDIR=   (gpuguard-preflight's simulated GPU
+#                     in <prefix>/lib/gpuguard/sim)
 
 CUDA_HOME ?= /usr/local/cuda
 PREFIX    ?= /usr/local
@@ -84,6 +85,7 @@ $(CORE_LIB): $(CORE_OBJ)
 $(BUILD)/shim $(BUILD)/tests/unit $(BUILD)/tests/progs $(BUILD)/fake:
 	mkdir -p $@
 
+-include sim/sim.mk
 -include tests/fake/fake.mk
 -include tools/check/check.mk
 -include bench/bench.mk
@@ -126,7 +128,7 @@ test-tsan: deps
 
 # Real PyTorch training steps under the shim (docs/testing.md); skips
 # cleanly, and says so, where there is no GPU or no PyTorch.
-test-gpu: all
+test-gpu: all $(SIM_LIBS)
 	@GG_BUILD=$(BUILD) $(PYTHON) tests/gpu/run_gpu.py
 
 # Real PyTorch 2.6 (Debian's CUDA build) on the fake GPU: the rig is a
@@ -161,7 +163,7 @@ bench: deps
 docs:
 	@$(PYTHON) tools/build-aux/journal_doc.py
 
-install: all
+install: all $(SIM_LIBS)
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin \
 	  $(DESTDIR)$(PREFIX)/share/gpuguard/policy $(DESTDIR)$(PREFIX)/lib/pkgconfig \
 	  $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard
@@ -173,16 +175,25 @@ install: all
 	install -m 0755 $(BUILD)/gpuguard-check $(DESTDIR)$(PREFIX)/bin/gpuguard-check
 	install -m 0755 tools/bin/gpuguard-run $(DESTDIR)$(PREFIX)/bin/gpuguard-run
 	install -m 0755 tools/bin/gpuguard-report $(DESTDIR)$(PREFIX)/bin/gpuguard-report
+	install -m 0755 tools/bin/gpuguard-preflight $(DESTDIR)$(PREFIX)/bin/gpuguard-preflight
+# The simulated GPU (sim/README.md) for gpuguard-preflight, where no loader
+# looks: never a directory of the loader's default path or of ld.so.conf (a
+# libcuda.so.1 found there by other programs would break every GPU job).
+	rm -rf $(DESTDIR)$(PREFIX)/lib/gpuguard/sim
+	install -d $(DESTDIR)$(PREFIX)/lib/gpuguard/sim
+	install -m 0755 $(SIM_LIBS) $(DESTDIR)$(PREFIX)/lib/gpuguard/sim/
 # The helper package exactly as `pip install tools/python` installs it: its
 # modules and nothing else (a module an older version had goes away).
 	rm -rf $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard
 	install -d $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/journal \
 	  $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/report \
-	  $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/_site
+	  $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/_site \
+	  $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/preflight
 	install -m 0644 tools/python/gpuguard/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/
 	install -m 0644 tools/python/gpuguard/_site/sitecustomize.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/_site/
 	install -m 0644 tools/python/gpuguard/journal/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/journal/
 	install -m 0644 tools/python/gpuguard/report/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/report/
+	install -m 0644 tools/python/gpuguard/preflight/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/preflight/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|0.1.0|g' tools/build-aux/gpuguard.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/gpuguard.pc
 

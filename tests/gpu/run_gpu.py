@@ -29,6 +29,11 @@ the journal it leaves:
               backward named by autograd node and .backward() line with
               PyTorch's view; a kept graph is a leak with its tensors by
               line; steps from the optimizer hook
+  preflight   gpuguard-preflight of an unmodified small transformer on a
+              simulated GPU of this model, then the same script on the GPU:
+              the predicted peak within 2% of max_memory_reserved() at the
+              same step; the predicted device use against the device's
+              own (recorded); the pip wheel's libraries stood in for by SONAME
 
 Prints one result line per check and "N passed, N failed"; the figures go to
 $GG_BUILD/gpu-report.json. With --traces DIR every run under the shim also
@@ -752,6 +757,70 @@ def check_instrument(r, dev):
              "views": len(c.of("torch")) + len(c2.of("torch"))})
 
 
+PREFLIGHT = os.path.join(ROOT, "tools", "bin", "gpuguard-preflight")
+
+
+def check_preflight(r, dev):
+    """gpuguard-preflight against the real thing: an unmodified small
+    transformer (tests/torch/scripts/pf_lm.py) preflighted on a simulated GPU
+    of this GPU's model (its name, memory and compute capability), then run
+    on the GPU itself: the predicted peak against max_memory_reserved() at
+    the same step (within 2%), and what preflight says the device will hold
+    (PyTorch's peak + its estimate of the rest) against the device's own
+    used memory (recorded, not asserted: the estimate is a published
+    figure). This PyTorch is a pip wheel: preflight preloads the simulated
+    libraries under the wheel's SONAMEs."""
+    steps = 20
+    args = ["--batch", "8", "--seq", "512", "--dim", "1024", "--layers", "4", "--heads", "16",
+            "--vocab", "32000", "--steps", str(steps)]
+    r.n += 1
+    d = os.path.join(r.tmp, "%02d-preflight" % r.n)
+    os.makedirs(d)
+    env = r.env(False, None, {"PYTHONPATH": TORCH_SCRIPTS, "GG_BUILD": BUILD})
+    gpu = "%s,%d,%s" % (dev["name"], dev["total"], dev["cc"])
+    script = os.path.join(TORCH_SCRIPTS, "pf_lm.py")
+    pf = subprocess.run([sys.executable, PREFLIGHT, "--json", "--gpu", gpu, "--steps", str(steps),
+                         "--", sys.executable, script] + args,
+                        cwd=d, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                        timeout=CHILD_TIMEOUT)
+    if pf.returncode == 3 and "refused to run" in pf.stderr:
+        raise Skip("preflight refused here (%s)" % pf.stderr.strip().splitlines()[0])
+    if pf.returncode not in (0, 1) or not pf.stdout.strip().startswith("{"):
+        raise CheckError("preflight failed (rc %d): %s %s" % (pf.returncode, pf.stdout[-1500:],
+                                                              pf.stderr[-1500:]))
+    answer = json.loads(pf.stdout)
+    m = answer["models"][0]
+    real = subprocess.run([sys.executable, script] + args, cwd=d, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, timeout=CHILD_TIMEOUT)
+    stepped = [json.loads(l[7:]) for l in real.stdout.splitlines() if l.startswith("RESULT ")]
+    stepped = [x for x in stepped if x.get("kind") == "step"]
+    if real.returncode != 0 or len(stepped) < steps:
+        raise CheckError("the real run failed (rc %d): %s" % (real.returncode, real.stderr[-1500:]))
+    at = stepped[steps - 1]
+    predicted_device = m["peak_reserved"] + m["outside_estimate"]
+    figures = {"preflight": m, "steps": answer["steps"], "limits": answer["limits"],
+               "max_memory_reserved": at["max_reserved"], "max_memory_allocated":
+               at["max_allocated"], "device_used": max(x["used"] for x in stepped),
+               "predicted_device_used": predicted_device}
+    off = (m["peak_reserved"] - at["max_reserved"]) / float(at["max_reserved"])
+    dev_off = (predicted_device - figures["device_used"]) / float(figures["device_used"])
+    figures.update(reserved_error=off, device_error=dev_off)
+    problems = []
+    if answer["steps"] != steps:
+        problems.append("preflight measured %s steps, not %d" % (answer["steps"], steps))
+    if abs(off) > 0.02:
+        problems.append("peak %d vs max_memory_reserved() %d: %+.2f%%"
+                        % (m["peak_reserved"], at["max_reserved"], 100 * off))
+    if m["verdict"] != "fits":
+        problems.append("verdict %s for a run that fits on this GPU" % m["verdict"])
+    if problems:
+        raise CheckError("; ".join(problems))
+    return ("peak %s = max_memory_reserved() %s (%+.2f%%); device: predicted %s, used %s "
+            "(%+.1f%%, the rest estimated)" % (fmt(m["peak_reserved"]), fmt(at["max_reserved"]),
+                                               100 * off, fmt(predicted_device),
+                                               fmt(figures["device_used"]), 100 * dev_off), figures)
+
+
 CHECKS = [
     ("peak", check_peak),
     ("refusal", check_refusal),
@@ -761,6 +830,7 @@ CHECKS = [
     ("expandable", check_expandable),
     ("nccl", check_nccl),
     ("instrument", check_instrument),
+    ("preflight", check_preflight),
 ]
 
 
@@ -824,7 +894,7 @@ def main(argv):
         return 1
     tmp = tempfile.mkdtemp(prefix="gg-gpu-")
     r = Runner(tmp, traces=traces_dir is not None)
-    dev = {"name": info["name"], "total": info["total"]}
+    dev = {"name": info["name"], "total": info["total"], "cc": info["cc"]}
     report = {"device": info, "shim": SHIM, "checks": []}
     passed = failed = skipped = 0
     for name, fn in CHECKS:

@@ -14,6 +14,10 @@ as it imports any ``sitecustomize``
     and takes itself out of sys.meta_path. Until then it costs one string
     comparison per import; a program that never imports torch never imports
     anything of gpuguard's;
+  - in a run of gpuguard-preflight (GPUGUARD_PREFLIGHT names the file of
+    its figures) also hands torch to ``gpuguard.preflight.probe.install``,
+    which reads PyTorch's allocator at each step and stops the script at
+    the step asked for;
   - then runs the sitecustomize it hides, the next one on sys.path (Debian's
     /usr/lib/python3.X/sitecustomize.py, a virtualenv's, the user's own), as
     the module ``sitecustomize``, exactly as Python would have without this
@@ -124,6 +128,12 @@ def _install(torch):
         _instrument_module().install(torch)
     except Exception:
         pass  # the program runs as it would without gpuguard's instrumentation
+    if _os.environ.get("GPUGUARD_PREFLIGHT"):  # a gpuguard-preflight run, on the simulated GPU
+        try:
+            from gpuguard.preflight import probe
+            probe.install(torch)
+        except Exception:
+            pass
 
 
 def _watch():

@@ -19,14 +19,22 @@
  * PyTorch 2.11), and fails with CUBLAS_STATUS_ALLOC_FAILED when the driver
  * says no: the RuntimeError PyTorch raises then is not an OutOfMemoryError.
  *
+ * FAKECUDA_CUBLAS_LOG=FILE: each cublasCreate_v2 that succeeds appends the
+ * line "cublasCreate BYTES" (the memory the handle took itself) to FILE:
+ * how many handles a program made (gpuguard-preflight counts them: one per
+ * thread that multiplies matrices, autograd's included).
+ *
  * Types are defined here, not taken from cublas_api.h, whose prototypes the
  * stubs of cublas.def do not follow (each takes whatever it is given and
  * returns success, which the x86-64 calling convention allows).
  */
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef int cublasStatus_t;
 #define CUBLAS_STATUS_SUCCESS         0
@@ -119,6 +127,23 @@ static size_t handle_bytes(void)
     return v > 0 ? (size_t)(v * (double)unit) : 0;
 }
 
+/* FAKECUDA_CUBLAS_LOG: one line per handle made, in one write. */
+static void log_handle(size_t bytes)
+{
+    const char *path = getenv("FAKECUDA_CUBLAS_LOG");
+    if (!path || !*path)
+        return;
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    char line[64];
+    int n = snprintf(line, sizeof line, "cublasCreate %zu\n", bytes);
+    if (n > 0 && write(fd, line, (size_t)n) < 0) {
+        /* nothing to do: the count is lost, the handle is not */
+    }
+    close(fd);
+}
+
 typedef int (*mem_alloc_fn)(unsigned long long *, size_t);
 typedef int (*mem_free_fn)(unsigned long long);
 
@@ -127,8 +152,12 @@ EXPORT cublasStatus_t cublasCreate_v2(void **handle)
 {
     cublasStatus_t st = create(handle, HANDLE);
     size_t bytes = handle_bytes();
-    if (st != CUBLAS_STATUS_SUCCESS || !bytes)
+    if (st != CUBLAS_STATUS_SUCCESS)
         return st;
+    if (!bytes) {
+        log_handle(0);
+        return st;
+    }
     mem_alloc_fn alloc;
     void *sym = dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
     memcpy(&alloc, &sym, sizeof sym);
@@ -139,6 +168,7 @@ EXPORT cublasStatus_t cublasCreate_v2(void **handle)
         return CUBLAS_STATUS_ALLOC_FAILED;
     }
     ((struct object *)*handle)->own = dptr;
+    log_handle(bytes);
     return CUBLAS_STATUS_SUCCESS;
 }
 
