@@ -53,6 +53,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK_BUDGET = 1.0     # seconds a quick-tier test may take (a class's setUpClass too)
 JOB_TIMEOUT = 1500     # seconds one job (a unit binary, a test class) may take
 CLOSING = re.compile(r"\d+ passed, \d+ failed(, \d+ skipped)?$")
+USUAL = {"unit": 0.5, "e2e": 0.3, "pkg": 0.3, "torch": 8.0}   # seconds a test takes, unmeasured
 SPLIT_OVER = 10.0      # seconds: a class that takes longer is a job per test (split_long)
 
 # Where the Python tests are: (area, directory, top-level directory for discovery).
@@ -513,7 +514,7 @@ def split_long(jobs, tests_t, jobs_t):
                 and fixture is not None and fixture < 0.25):
             for t in j.tests:
                 one = Job(j.area, j.name, [t])
-                one.expect = tests_t.get(t, 1.0)
+                one.expect = tests_t.get(t) or USUAL[j.area]
                 out.append(one)
         else:
             out.append(j)
@@ -590,12 +591,14 @@ def main():
             jobs = [j for j in jobs if j.area != "torch"]
             notes.append("real-PyTorch tests (tests/torch): %d not run, %s" % (len(unrun), torchrig.HOW))
 
-    # Longest first, from the last run's times (unknown: a second).
+    # Longest first, from the last run's times; a test this build never ran
+    # (a fresh clone): its time in tests/slow.txt, else its area's usual.
     times_path = os.path.join(build, "test-times.json")
     times = load_times(times_path)
     tests_t, jobs_t = times.get("tests", {}), times.get("jobs", {})
     for j in jobs:
-        j.expect = sum(tests_t.get(t, 1.0) for t in j.tests) + jobs_t.get(j.name, [0, 0, 0])[-1]
+        j.expect = sum(tests_t.get(t) or slow.get(t) or USUAL[j.area] for t in j.tests) + \
+            jobs_t.get(j.name, [0, 0, 0])[-1]
     jobs = split_long(jobs, tests_t, jobs_t)
     jobs.sort(key=lambda j: -j.expect)
 
