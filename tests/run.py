@@ -694,13 +694,16 @@ def write_slow(path, old, jobs, results, jobtimes):
             if r["time"] > QUICK_BUDGET or (t in old and r["time"] > QUICK_BUDGET / 2):
                 entries[t] = r["time"]
     covered = {e for j in jobs for e in [j.name] + j.tests}
-    for k, v in old.items():   # entries this run did not see (-k, another area)
-        if k not in covered and k not in entries:
+    for k, v in old.items():
+        if k in entries or k not in covered:
+            # a listed test keeps its line as it was (the file changes only
+            # when what it lists does: fewer conflicts between branches),
+            # and one this run did not see (-k, another area) stays
             entries[k] = v
     with open(path, "w") as f:
         f.write("# The Python tests outside the quick tier (make check): each takes more than\n"
                 "# %g s, or its class's setUpClass does. Written by `make timings` (tests/run.py\n"
-                "# --write-slow) from a full run's times; seconds as measured there.\n" % QUICK_BUDGET)
+                "# --write-slow) from a full run's times; seconds as first measured.\n" % QUICK_BUDGET)
         for k in sorted(entries):
             f.write("%6.1f  %s\n" % (entries[k], k))
     print("wrote %s: %d entries" % (os.path.relpath(path, ROOT), len(entries)))
