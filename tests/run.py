@@ -40,6 +40,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -290,8 +291,7 @@ class Runner:
         self.build = build
         self.lock = threading.Lock()
         self.results = {}      # test id -> record
-        self.jobtimes = {}     # job name -> (wall, cpu)
-        self.holders = []      # class-level outcomes
+        self.jobtimes = {}     # job name -> (wall, CPU seconds, fixture: time outside its tests)
         self.tmp = tempfile.mkdtemp(prefix="gg-run-")
         self.procs = []        # every worker started
 
@@ -612,6 +612,8 @@ def main():
         runner.kill_all()
         print("interrupted", flush=True)
         return 130
+    finally:
+        shutil.rmtree(runner.tmp, ignore_errors=True)   # the workers' logs: read by now
     results = runner.results
     for t in unrun:
         results[t] = {"id": t, "status": "skip", "reason": "no rig", "time": 0.0, "cpu": 0.0,
