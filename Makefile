@@ -1,8 +1,12 @@
 # gpuguard - allocator shim and OOM guard for GPU training.
 #
 #   make              build/libgpuguard.so and build/gpuguard-check
+#   make check        the quick tier, after each edit: unit tests, the Python
+#                     package's tests, end-to-end tests under a second (< 1 min)
 #   make test         every test (no GPU needed); SANITIZE=1 for ASan+UBSan
 #   make test-tsan    the threaded unit tests under ThreadSanitizer
+#   make timings      run every test and write tests/slow.txt (what check leaves out)
+#   make coverage     the shim's C lines the unit and end-to-end tests run (gcov)
 #   make test-gpu     real PyTorch steps on a GPU (skips without one)
 #   make torch-rig    build the real-PyTorch rig once (tests/torch: 3-4 min, 3.7 GB)
 #   make test-torch   only the real-PyTorch tests (needs the rig)
@@ -19,7 +23,12 @@ PREFIX    ?= /usr/local
 DESTDIR   ?=
 PYTHON    ?= python3
 
-ifeq ($(SANITIZE),1)
+ifeq ($(COVERAGE),1)
+# make coverage: the shim's objects count their lines (gcc --coverage)
+BUILD     ?= build/cov
+SANFLAGS  :=
+COVFLAGS  := --coverage
+else ifeq ($(SANITIZE),1)
 BUILD     ?= build/san
 SANFLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 else ifeq ($(SANITIZE),thread)
@@ -52,8 +61,8 @@ INTERPOSER := hook_runtime hook_driver lookup api trampoline
 CORE_OBJ  := $(filter-out $(patsubst %,$(BUILD)/shim/%.o,$(INTERPOSER)),$(SHIM_OBJ))
 CORE_LIB  := $(BUILD)/libggcore.a
 
-.PHONY: all deps deps-build docs test test-unit test-e2e test-tsan test-gpu demo bench fuzz install clean check-deps \
-        torch-rig test-torch torch-traces
+.PHONY: all deps deps-build docs check test test-unit test-e2e test-tsan test-gpu demo bench fuzz install \
+        clean check-deps torch-rig test-torch torch-traces timings coverage coverage-build
 all: check-deps $(SHIM_LIB) $(BUILD)/gpuguard-check
 
 # One clear message, with the command that installs what is missing.
@@ -70,10 +79,10 @@ deps-build:
 	@sh tools/build-aux/deps.sh install "$(CUDA_HOME)"
 
 $(BUILD)/shim/%.o: shim/%.c shim/*.h shim/*.def include/gpuguard.h | $(BUILD)/shim
-	$(CC) $(CFLAGS) -fvisibility=hidden -DGPUGUARD_SHIM -Iinclude $(CUDA_INC) $(DEP_CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(COVFLAGS) -fvisibility=hidden -DGPUGUARD_SHIM -Iinclude $(CUDA_INC) $(DEP_CFLAGS) -c $< -o $@
 
 $(SHIM_LIB): $(SHIM_OBJ) $(SHIM_MAP) shim/LAYERS tools/build-aux/layers.py
-	$(CC) -shared -o $@ $(SHIM_OBJ) $(LDFLAGS) -Wl,-z,defs -Wl,-z,nodelete -Wl,--as-needed \
+	$(CC) -shared -o $@ $(SHIM_OBJ) $(LDFLAGS) $(COVFLAGS) -Wl,-z,defs -Wl,-z,nodelete -Wl,--as-needed \
 	  -Wl,--version-script=$(SHIM_MAP) $(DEP_LIBS) -ldl -lpthread -lm
 	@! readelf -d $@ | grep -Eq 'NEEDED.*lib(cudart|cuda|unwind)\.so' || \
 	  { echo "gpuguard: $@ must not need libcudart, libcuda or libunwind" >&2; rm -f $@; exit 1; }
@@ -98,7 +107,7 @@ UNIT_SRC  := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/unit/%,$(UNIT_SRC))
 $(BUILD)/tests/unit/%: tests/unit/%.c tests/unit/unit.h $(CORE_LIB) | $(BUILD)/tests/unit
 	$(CC) $(CFLAGS) -Iinclude -Ishim $(CUDA_INC) $(DEP_CFLAGS) $< $(CORE_LIB) -o $@ \
-	  $(LDFLAGS) $(DEP_LIBS) -ldl -lpthread -lm
+	  $(LDFLAGS) $(COVFLAGS:--coverage=-lgcov) $(DEP_LIBS) -ldl -lpthread -lm
 
 # Test programs: ordinary CUDA applications, linked against the fake runtime.
 PROG_SRC  := $(sort $(wildcard tests/progs/*.c))
@@ -110,19 +119,48 @@ $(BUILD)/tests/progs/%: tests/progs/%.c tests/progs/size.h $(FAKE_CUDART) | $(BU
 TEST_DEPS := $(SHIM_LIB) $(BUILD)/gpuguard-check $(FAKE_LIBS) $(UNIT_BIN) $(PROG_BIN) \
              $(PYFRAMES_TEST) $(FUZZ_BIN) $(REPLAY)
 
+# The test runner (tests/run.py) runs tests in parallel, -j the cores by
+# default; RUNFLAGS passes it more (-j 4, -k NAME, --plain-rerun build).
+# The builds below use the cores too unless make was given its own -j.
+NPROC     := $(shell nproc 2>/dev/null || echo 2)
+SUBJOBS    = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
+RUN_TESTS  = GG_BUILD=$(BUILD) GG_SANITIZE=$(SANITIZE) $(PYTHON) tests/run.py
+
+# The developer's loop: the quick tier (docs/testing.md).
+check: deps
+	@$(MAKE) --no-print-directory $(SUBJOBS) $(TEST_DEPS)
+	@$(RUN_TESTS) --quick $(RUNFLAGS)
+
 test: deps
-	@$(MAKE) --no-print-directory $(TEST_DEPS)
-	@GG_BUILD=$(BUILD) GG_SANITIZE=$(SANITIZE) $(PYTHON) tests/run.py
+	@$(MAKE) --no-print-directory $(SUBJOBS) $(TEST_DEPS)
+	@$(RUN_TESTS) $(RUNFLAGS)
+
+# Every test, and tests/slow.txt written again from their times.
+timings: deps
+	@$(MAKE) --no-print-directory $(SUBJOBS) $(TEST_DEPS)
+	@$(RUN_TESTS) --write-slow $(RUNFLAGS)
+
+# Coverage of the shim's C by the unit, end-to-end and package tests (not
+# the rig's: its processes run in a chroot that cannot write build/cov's
+# counters), built into build/cov; a table per file and the total. A figure
+# (docs/testing.md), not a gate.
+coverage: deps
+	@$(MAKE) --no-print-directory $(SUBJOBS) COVERAGE=1 coverage-build
+	@find build/cov -name '*.gcda' -delete
+	@rc=0; GG_BUILD=build/cov $(PYTHON) tests/run.py --unit --e2e $(RUNFLAGS) || rc=$$?; \
+	  $(PYTHON) tools/build-aux/coverage.py build/cov/shim shim/*.c || rc=$$?; exit $$rc
+
+coverage-build: $(TEST_DEPS)
 
 test-unit: $(UNIT_BIN)
-	@GG_BUILD=$(BUILD) GG_SANITIZE=$(SANITIZE) $(PYTHON) tests/run.py --unit
+	@$(RUN_TESTS) --unit $(RUNFLAGS)
 
 test-e2e: $(TEST_DEPS)
-	@GG_BUILD=$(BUILD) GG_SANITIZE=$(SANITIZE) $(PYTHON) tests/run.py --e2e
+	@$(RUN_TESTS) --e2e $(RUNFLAGS)
 
 # ThreadSanitizer over the threaded unit tests (ledger, stack table, advice).
 test-tsan: deps
-	@$(MAKE) --no-print-directory SANITIZE=thread \
+	@$(MAKE) --no-print-directory $(SUBJOBS) SANITIZE=thread \
 	  $(patsubst $(BUILD)/%,build/tsan/%,$(UNIT_BIN) $(FAKE_LIBS))
 	@GG_BUILD=build/tsan GG_SANITIZE=thread $(PYTHON) tests/run.py --unit
 
@@ -138,8 +176,8 @@ torch-rig:
 	@tests/torch/rig build
 
 test-torch: deps
-	@$(MAKE) --no-print-directory $(TEST_DEPS)
-	@GG_BUILD=$(BUILD) GG_SANITIZE=$(SANITIZE) $(PYTHON) tests/run.py --torch
+	@$(MAKE) --no-print-directory $(SUBJOBS) $(TEST_DEPS)
+	@$(RUN_TESTS) --torch $(RUNFLAGS)
 
 torch-traces: all
 	@$(MAKE) --no-print-directory $(FAKE_LIBS)

@@ -12,8 +12,11 @@
 #
 # Without nvcc nothing is built and the tests that need these say so.
 
+# nvcc's output does not depend on SANITIZE: it is built once, in build/arch,
+# and a sanitized build (build/san, build/tsan, build/cov) copies it.
 NVCC     ?= $(CUDA_HOME)/bin/nvcc
 ARCH_DIR := $(BUILD)/arch
+ARCH_HOME := build/arch
 ARCH_CU  := tests/arch/kernels.cu
 
 ARCH_FLAGS_sass80 := -gencode arch=compute_80,code=sm_80
@@ -32,20 +35,26 @@ ifneq ($(wildcard $(NVCC)),)
 ARCH_ALL := $(ARCH_LIBS)
 endif
 
-$(ARCH_DIR)/k_%.o: $(ARCH_CU) tests/arch/arch.mk
+$(ARCH_HOME)/k_%.o: $(ARCH_CU) tests/arch/arch.mk
 	@mkdir -p $(@D)
 	$(NVCC) -c -Xcompiler -fPIC $(ARCH_FLAGS_$*) $< -o $@
 
-$(ARCH_DIR)/libarch_%_shared.so: $(ARCH_DIR)/k_%.o
+$(ARCH_HOME)/libarch_%_shared.so: $(ARCH_HOME)/k_%.o
 	$(NVCC) -shared -cudart shared $(ARCH_FLAGS_$*) $< -o $@
 
-$(ARCH_DIR)/libarch_sass80_dlink.so: $(ARCH_DIR)/k_sass80.o
+$(ARCH_HOME)/libarch_sass80_dlink.so: $(ARCH_HOME)/k_sass80.o
 	$(NVCC) -shared $< -o $@
 
-$(ARCH_DIR)/libarch_%.so: $(ARCH_DIR)/k_%.o
+$(ARCH_HOME)/libarch_%.so: $(ARCH_HOME)/k_%.o
 	$(NVCC) -shared $(ARCH_FLAGS_$*) $< -o $@
+
+ifneq ($(abspath $(ARCH_DIR)),$(abspath $(ARCH_HOME)))
+$(ARCH_DIR)/%.so: $(ARCH_HOME)/%.so
+	@mkdir -p $(@D)
+	cp -f $< $@
+endif
 
 # Built before the tests that read them.
 $(BUILD)/tests/unit/test_fatbin $(BUILD)/tests/progs/archprog: | $(ARCH_ALL)
 
-.SECONDARY: $(foreach n,$(ARCH_NAMES) rdc80,$(ARCH_DIR)/k_$(n).o)
+.SECONDARY: $(foreach n,$(ARCH_NAMES) rdc80,$(ARCH_HOME)/k_$(n).o)

@@ -30,14 +30,12 @@ class RecordedAgain(TorchCase):
         record_traces.make_golden(name, run, torch_kv, "this test", out)
         return out
 
-    def test_the_committed_traces_are_what_pytorch_does_now(self):
-        for name in sorted(record_traces.SCENARIOS):
-            with self.subTest(trace=name):
-                fresh = self.again(name)
-                committed = os.path.join(TRACES, name + ".trace")
-                self.assertEqual(calls(fresh), calls(committed),
-                                 "%s differs from what PyTorch does now: `make torch-traces` "
-                                 "records it again" % committed)
+    def committed_is_what_pytorch_does_now(self, name):
+        fresh = self.again(name)
+        committed = os.path.join(TRACES, name + ".trace")
+        self.assertEqual(calls(fresh), calls(committed),
+                         "%s differs from what PyTorch does now: `make torch-traces` "
+                         "records it again" % committed)
 
     def test_a_fresh_trace_replays(self):
         import gg
@@ -59,3 +57,13 @@ class RecordedAgain(TorchCase):
         for k, v in want.items():
             self.assertEqual(got[k], int(v), k)
         self.assertTrue(run.of("advice"))  # the trainer's calls replayed: the same advice
+
+
+# A test per scenario (each a real PyTorch run in the rig, 2-20 s): the
+# runner spreads them over its workers; a scenario added is tested too.
+for _name in sorted(record_traces.SCENARIOS):
+    def _test(self, name=_name):
+        self.committed_is_what_pytorch_does_now(name)
+    _test.__name__ = "test_the_committed_trace_is_what_pytorch_does_now_" + _name.replace("-", "_")
+    _test.__doc__ = "tests/traces/%s.trace is what PyTorch does now" % _name
+    setattr(RecordedAgain, _test.__name__, _test)
