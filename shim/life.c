@@ -163,6 +163,7 @@ static void child_after_fork(void)
     gg_symbolize_after_fork();
     gg_ticker_after_fork();
     gg_metrics_after_fork(); /* the parent's file is the parent's */
+    gg_devices_after_fork(); /* and its share of a shared GPU */
     gg_trace_after_fork();
     gg_journal_drop();
 }
@@ -390,4 +391,5 @@ void gg_life_finish(void)
     gg_events_summary(gg_clock_since_start(), !inside);
     if (!proc.quiet)
         say_summary();
+    gg_devices_leave(); /* a shared GPU: this process's share goes */
 }
