@@ -178,6 +178,12 @@ install: all
 	install -m 0644 tools/python/gpuguard/_site/sitecustomize.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/_site/
 	install -m 0644 tools/python/gpuguard/journal/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/journal/
 	install -m 0644 tools/python/gpuguard/report/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/report/
+# gpuguard's site directory (docs/trainer.md): its sitecustomize and the
+# helper package, nothing else; the library puts it on Python's path.
+	rm -rf $(DESTDIR)$(PREFIX)/share/gpuguard/site
+	install -d $(DESTDIR)$(PREFIX)/share/gpuguard/site
+	install -m 0644 tools/python/gpuguard/_site/sitecustomize.py $(DESTDIR)$(PREFIX)/share/gpuguard/site/
+	ln -s ../python/gpuguard $(DESTDIR)$(PREFIX)/share/gpuguard/site/gpuguard
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|0.1.0|g' tools/build-aux/gpuguard.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/gpuguard.pc
 
