@@ -27,6 +27,7 @@
 #include "sites.h"
 #include "elfsym.h"
 #include "pyframes.h"
+#include "pysite.h"
 #include "stack.h"
 #include "steps.h"
 #include "symbolize.h"
@@ -194,6 +195,23 @@ static bool another_copy_first(void)
            first.dli_fbase != self.dli_fbase;
 }
 
+/* What the start says once, in the journal (and on stderr): secure-execution
+ * mode, and a Python instrumentation that the library could not use. */
+static void said_at_start(void)
+{
+    if (gg_secure()) {
+        char ignored[512];
+        gg_settings_secure_ignored(ignored, sizeof ignored);
+        gg_events_error("secure-execution mode (a set-user-ID program, or one that gained "
+                        "capabilities): no setting that names a file is read from the environment "
+                        "(%s%s), and the environment is not changed", ignored[0] ? ignored : "none was set",
+                        ignored[0] ? " set and not used" : "");
+    }
+    const char *why = gg_pysite_problem();
+    if (why)
+        gg_events_error("%s", why);
+}
+
 static bool start(void)
 {
     char dir[GG_PATH_MAX];
@@ -211,6 +229,7 @@ static bool start(void)
     }
     int n = gg_devices_init(&proc, report, NULL);
     report_more();
+    said_at_start();
     if (!n || all_off(n)) {
         gg_journal_release(false);
         return false;
