@@ -470,6 +470,110 @@ t.join()""")
                 self.assertEqual((r["hooks"], r["wrapped"]), (1, True), p.stdout)
 
 
+# A torch for the signals' tests: CUDA up, and a memory_stats that, armed,
+# has the process send itself a signal while it works (as a Ctrl-C or a
+# scheduler's SIGTERM arriving while the instrumentation reads PyTorch's
+# view), then keeps running Python so that a handler can run inside it.
+SIGNAL_TORCH = {
+    "torch/__init__.py": "from . import optim, autograd, cuda\n",
+    "torch/optim/__init__.py": "from . import optimizer\n",
+    "torch/optim/optimizer.py": "def register_optimizer_step_post_hook(hook):\n    pass\n",
+    "torch/autograd/__init__.py": "def backward(*a, **k):\n    pass\n",
+    "torch/cuda/__init__.py": """\
+import os
+from . import memory
+ARM = []
+_queued_calls = []
+def is_initialized():
+    return True
+def memory_stats(dev=None):
+    if ARM:
+        os.kill(os.getpid(), ARM.pop())
+        for _ in range(300000):
+            pass
+    return {"reserved_bytes.all.current": 1 << 30, "allocated_bytes.all.current": 1 << 29}
+""",
+    "torch/cuda/memory.py": "def _snapshot():\n    return {'segments': []}\n",
+}
+
+# The program: a signal arrives while PyTorch's view is read (the shim asks
+# for one at the near miss of its 21 GiB), or, with `self` (no shim), while
+# the program reads memory_stats itself. It catches what its handlers raise.
+SIGNALED = r"""
+import ctypes, os, signal, sys, threading, time
+how = sys.argv[1]
+if "thread" in sys.argv:  # the kernel then delivers the signal to another thread
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+if how == "term":
+    signal.signal(signal.SIGTERM, lambda s, f: sys.exit(3))
+if how == "alarm":
+    def timeout(s, f):
+        raise TimeoutError("the program's own")
+    signal.signal(signal.SIGALRM, timeout)
+import torch
+tl = ctypes.CDLL(os.path.join(os.environ["GG_FAKE_DIR"], "libtorchlike.so"))
+p = ctypes.c_void_p()
+torch.cuda.ARM.append({"int": signal.SIGINT, "term": signal.SIGTERM, "alarm": signal.SIGALRM}[how])
+try:
+    tl.tl_malloc(ctypes.c_size_t(21 << 30), ctypes.byref(p))
+    if "self" in sys.argv:
+        torch.cuda.memory_stats(0)
+    for i in range(3000000):
+        pass
+    print("the signal was lost: training went on")
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+    sys.exit(5)
+except TimeoutError as e:
+    print("TimeoutError", e)
+    sys.exit(6)
+"""
+
+
+class Signals(Case):
+    """Issue 32, defect 4: a signal that arrives while the instrumentation
+    reads PyTorch's view keeps its meaning. A Ctrl-C's KeyboardInterrupt, a
+    SIGTERM handler's sys.exit(3), a handler's own exception reach the
+    program as they do without gpuguard (its own reading of memory_stats
+    there): with the process's one thread (the signal waits, blocked while
+    the view is read) and with another thread to take it (its handler runs
+    inside the view, whose work is dropped and its exception handed back)."""
+
+    def run_signaled(self, how, *more, shim=True):
+        stub = os.path.join(self.tmp, "signal-torch")
+        if not os.path.isdir(stub):
+            for rel, text in SIGNAL_TORCH.items():
+                path = os.path.join(stub, rel)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w") as f:
+                    f.write(text)
+        e = base_env(GPUGUARD_TORCH="1", GG_FAKE_DIR=FAKE, GPUGUARD_QUIET="1",
+                     GPUGUARD_POLICY=self.write_policy("observe.ini", POLICY), PYTHONPATH=stub)
+        e["GPUGUARD_JOURNAL_DIR"] = self.tmp
+        if shim:
+            e["LD_PRELOAD"] = ":".join(sanitizer_preload() + [SHIM])
+        else:
+            e.pop("LD_PRELOAD", None)
+            more += ("self",)
+        return subprocess.run([sys.executable, "-c", SIGNALED, how, *more], env=e, cwd=self.tmp,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              timeout=120)
+
+    def test_signals_reach_the_program_as_without_gpuguard(self):
+        for how, rc, said in (("int", 5, "KeyboardInterrupt"), ("term", 3, ""),
+                              ("alarm", 6, "TimeoutError the program's own")):
+            without = self.run_signaled(how, shim=False)
+            self.assertEqual((without.returncode, without.stdout.strip()), (rc, said), without.stderr)
+            for more in ((), ("thread",)):
+                with self.subTest(how=how, threads=more):
+                    p = self.run_signaled(how, *more)
+                    self.assertEqual((p.returncode, p.stdout.strip()), (rc, said), p.stderr)
+                    self.assertNotIn("Exception ignored", p.stderr)
+                    self.assertNotIn("AddressSanitizer", p.stderr)
+                    journals = [n for n in os.listdir(self.tmp) if n.endswith(".jsonl")]
+                    self.assertTrue(journals)  # the shim was there, and asked
+
+
 # The shim's side of asking, with a real interpreter and no torch: the
 # instrumentation's part is played by ctypes.
 ASKER = r'''
