@@ -141,8 +141,9 @@ static void join_peers(int n, gg_report_fn report, void *ctx)
     for (int i = 0; i < n; i++) {
         struct gg_device *d = &gg_devices[i];
         d->peers.self = NULL;
-        if (!d->present || !d->total || !d->uuid[0] || d->mode == GG_MODE_OFF)
-            continue;
+        if (!d->present || !d->total || !d->uuid[0] || d->mode == GG_MODE_OFF ||
+            !policies[i].s.share)
+            continue; /* [memory] share = no: decided alone, from the device's readings */
         if (have_dir && gg_peers_join(&d->peers, dir, d->uuid, why, sizeof why) == 0)
             continue;
         if (why[0])
