@@ -149,6 +149,7 @@ bench: deps
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/run.py
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/report_bench.py
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/torch_step.py
+	@GG_BUILD=$(BUILD) $(PYTHON) bench/torch_view.py
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/instrument.py
 
 # The generated part of docs/journal.md, from shim/events.def (a test fails

@@ -214,11 +214,21 @@ int gg_devices_init(const struct gg_process *proc, gg_report_fn report, void *ct
     return n;
 }
 
+static void seen_peers(struct gg_device *d, const struct gg_peers_sum *s);
+
 /* What the others did since the reading: the estimate follows it. */
 static void note_peers(struct gg_device *d, const struct gg_peers_sum *s)
 {
     uint64_t at = atomic_load_explicit(&d->peers_at_reading, memory_order_relaxed);
-    atomic_store_explicit(&d->peers_delta, (int64_t)s->cur - (int64_t)at, memory_order_relaxed);
+    int64_t delta = (int64_t)s->cur - (int64_t)at;
+    int64_t was = atomic_exchange_explicit(&d->peers_delta, delta, memory_order_relaxed);
+    atomic_fetch_add_explicit(&d->used_offset, delta - was, memory_order_relaxed);
+    seen_peers(d, s);
+}
+
+/* The most the others held and claimed, and the most of them, as seen. */
+static void seen_peers(struct gg_device *d, const struct gg_peers_sum *s)
+{
     gg_atomic_max(&d->peers_peak, s->cur + s->extra);
     int most = atomic_load_explicit(&d->peers_most, memory_order_relaxed);
     while (s->members > most &&
@@ -244,9 +254,10 @@ uint64_t gg_device_refresh(struct gg_device *d, int dev, bool may_retain)
     gg_peers_sum(&d->peers, &s);
     if (!gg_driver_read_used(dev, may_retain, &used))
         return gg_device_estimate(d);
-    if (gg_peers_on(&d->peers)) {
+    if (gg_peers_on(&d->peers)) { /* the others are in the reading: no delta from here */
         atomic_store_explicit(&d->peers_at_reading, s.cur, memory_order_relaxed);
-        note_peers(d, &s);
+        atomic_store_explicit(&d->peers_delta, 0, memory_order_relaxed);
+        seen_peers(d, &s);
     }
     atomic_store_explicit(&d->last_reading_ns, gg_now_ns(), memory_order_relaxed);
     atomic_store_explicit(&d->used_offset,

@@ -64,8 +64,8 @@ struct gg_device {
     _Atomic uint64_t used_before, phase_used;
     _Atomic uint64_t last_reading_ns;
     /* Shared GPU (peers.h): what the other guarded processes held at the
-     * last reading, and what they held beyond that at the last look, with
-     * the most they held and claimed. */
+     * last reading, and what they held beyond that at the last look (in
+     * used_offset too), with the most they held and claimed. */
     _Atomic uint64_t peers_at_reading;
     _Atomic int64_t peers_delta;
     _Atomic uint64_t peers_peak;
@@ -112,12 +112,11 @@ int gg_devices_init(const struct gg_process *p, gg_report_fn report, void *ctx);
 
 /* Device-wide use as estimated now: the last reading, what this process
  * did since, and what the other guarded processes on the GPU did since, as
- * their slots said at the last look. */
+ * their slots said at the last look (folded into used_offset). */
 static inline uint64_t gg_device_estimate(const struct gg_device *d)
 {
     int64_t u = (int64_t)atomic_load_explicit(&d->current, memory_order_relaxed) +
-                atomic_load_explicit(&d->used_offset, memory_order_relaxed) +
-                atomic_load_explicit(&d->peers_delta, memory_order_relaxed);
+                atomic_load_explicit(&d->used_offset, memory_order_relaxed);
     return u > 0 ? (uint64_t)u : 0;
 }
 

@@ -282,10 +282,13 @@ static void shared_settle(struct gg_device *d, uint64_t slack)
  * the others may have it. */
 static inline void shared_freed(struct gg_device *d, uint64_t cur)
 {
-    if (gg_likely(!gg_peers_on(&d->peers)))
+    struct gg_peer_slot *self = d->peers.self;
+    if (gg_likely(!self))
         return;
-    gg_peers_publish(&d->peers, cur);
-    if (gg_unlikely(gg_peers_claim(&d->peers) > add_sat(cur, 4 * d->claim_slack)))
+    atomic_store_explicit(&self->cur, cur, memory_order_relaxed);
+    /* device sizes: no overflow */
+    if (gg_unlikely(atomic_load_explicit(&self->claim, memory_order_relaxed) >
+                    cur + 4 * d->claim_slack))
         shared_settle(d, d->claim_slack);
 }
 
@@ -395,12 +398,13 @@ bool gg_guard_admit(struct gg_call *c, struct gg_verdict *v)
         first_reading(d, c);
     if (want_stack(d, false))
         capture(d, c);
-    if (gg_peers_on(&d->peers)) {
+    struct gg_peer_slot *self = d->peers.self;
+    if (self) {
         /* A shared GPU: within the claim, nothing to ask; past it, the
          * others are asked (what grows the device: a pool's growth). */
-        uint64_t need = c->pool == GG_POOL_NONE ? c->bytes : c->grows;
+        uint64_t need = gg_likely(c->pool == GG_POOL_NONE) ? c->bytes : c->grows;
         if (gg_unlikely(add_sat(atomic_load_explicit(&d->current, memory_order_relaxed), need) >
-                        gg_peers_claim(&d->peers)) && need)
+                        atomic_load_explicit(&self->claim, memory_order_relaxed)) && need)
             return shared_admit(d, c, need, v);
     }
     if (!atomic_load_explicit(&d->enforcing, memory_order_relaxed) ||
