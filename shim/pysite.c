@@ -275,8 +275,9 @@ static size_t gnu_count(const uint32_t *h)
     return 0;
 }
 
-/* Py_BytesMain and Py_Main among the main program's dynamic symbols,
- * defined there (a static libpython) or imported (a shared one). */
+/* Py_BytesMain (3.8+), _Py_UnixMain (3.7) and Py_Main (3.6, and Python 2)
+ * among the main program's dynamic symbols, defined there (a static
+ * libpython) or imported (a shared one). */
 static int main_program(struct dl_phdr_info *info, size_t size, void *arg)
 {
     (void)size;
@@ -310,9 +311,11 @@ static int main_program(struct dl_phdr_info *info, size_t size, void *arg)
         if (!name || name >= strsz)
             continue;
         const char *s = strtab + name;
-        if (!strncmp(s, "Py_BytesMain", strsz - name) && !strcmp(s, "Py_BytesMain"))
-            out->bytes_main = true;
-        else if (!strncmp(s, "Py_Main", strsz - name) && !strcmp(s, "Py_Main"))
+        if (strnlen(s, strsz - name) == strsz - name)
+            continue; /* not terminated within the table */
+        if (!strcmp(s, "Py_BytesMain") || !strcmp(s, "_Py_UnixMain"))
+            out->bytes_main = true; /* 3.8 and later; 3.7 */
+        else if (!strcmp(s, "Py_Main"))
             out->main = true;
     }
     return 1; /* the first object is the main program: no other */
@@ -322,8 +325,8 @@ bool gg_pysite_is_interpreter(void)
 {
     struct exe_syms s = {false, false};
     dl_iterate_phdr(main_program, &s);
-    /* Py_BytesMain: 3.8 and later; Py_Main alone: 3.7 and before, and Python
-     * 2, which has no PyOS_FSPath (3.6) */
+    /* Py_BytesMain: 3.8 and later; _Py_UnixMain: 3.7; Py_Main alone: 3.6
+     * and before, and Python 2, which has no PyOS_FSPath (3.6) */
     return s.bytes_main || (s.main && gg_real_dlsym(RTLD_DEFAULT, "PyOS_FSPath"));
 }
 

@@ -62,8 +62,8 @@ unsigned gg_pysite_options(int argc, char *const *argv);
  * holds libdir (a real path)? Else why, naming the path. */
 bool gg_pysite_trusted(const char *site, const char *libdir, char *why, size_t cap);
 
-/* Is the main program a Python 3.6+ interpreter (it calls Py_BytesMain or
- * Py_Main itself), not a program that embeds one? */
+/* Is the main program a Python 3.6+ interpreter (it calls Py_BytesMain,
+ * _Py_UnixMain or Py_Main itself), not a program that embeds one? */
 bool gg_pysite_is_interpreter(void);
 
 #endif /* GG_PYSITE_H */

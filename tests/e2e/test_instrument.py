@@ -320,6 +320,27 @@ class Harmless(Case):
         self.assertIn("py2 [1] 42 " + self.user, p.stdout)
         self.assertEqual(p.stderr.count("user sitecustomize ran"), 1)
 
+    def test_every_python_3_chains_the_users_sitecustomize_once(self):
+        """A guard that held before: on each CPython 3.6-3.13 present, under
+        the library with GPUGUARD_TORCH=1, the program's own sitecustomize
+        runs once, after gpuguard's, which watches for torch."""
+        import glob
+        root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+        pythons = sorted(glob.glob(os.path.join(root, "versions", "3.*", "bin", "python3")))
+        pythons = [p for p in pythons if os.path.basename(os.path.dirname(os.path.dirname(p)))
+                   .split(".")[1].isdigit() and 6 <= int(os.path.basename(os.path.dirname(
+                       os.path.dirname(p))).split(".")[1]) <= 13]
+        if not pythons:
+            self.skipTest(f"no CPython 3.6-3.13 under {root} (pyenv provides them in CI)")
+        code = ("import sys, sitecustomize; print(sitecustomize.MARK, [type(f).__name__ for f in "
+                "sys.meta_path if type(f).__name__ == '_TorchWatcher'])")
+        for py in pythons:
+            with self.subTest(python=py):
+                p = self.run_it([py, "-c", code], self.env(GPUGUARD_TORCH="1", PYTHONPATH=self.user))
+                self.assertEqual(p.returncode, 0, p.stderr)
+                self.assertEqual(p.stdout.strip(), "42 ['_TorchWatcher']", p.stderr)
+                self.assertEqual(p.stderr.count("user sitecustomize ran"), 1, p.stderr)
+
     def test_gdb_which_embeds_python_is_left_alone(self):
         if not GDB:
             self.skipTest("needs gdb (Debian: apt-get install gdb)")
