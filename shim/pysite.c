@@ -107,9 +107,62 @@ unsigned gg_pysite_options(int argc, char *const *argv)
 
 /* ---- who could have written it ------------------------------------------------------- */
 
+/* The field `n` (0-based, ':'-separated) of a line of /etc/passwd or
+ * /etc/group, into out; false when the line has fewer. */
+static bool field(const char *line, int n, char *out, size_t cap)
+{
+    for (; n > 0 && line; n--) {
+        line = strchr(line, ':');
+        if (line)
+            line++;
+    }
+    if (!line)
+        return false;
+    size_t len = strcspn(line, ":\n");
+    if (len >= cap)
+        return false;
+    memcpy(out, line, len);
+    out[len] = '\0';
+    return true;
+}
+
+/* The line of a small file (/etc/passwd, /etc/group) whose field 2 is id. */
+static bool line_of(const char *path, unsigned id, char *out, size_t cap)
+{
+    FILE *f = fopen(path, "re");
+    bool found = false;
+    char want[16], got[16];
+    snprintf(want, sizeof want, "%u", id);
+    while (f && !found && fgets(out, (int)cap, f))
+        found = field(out, 2, got, sizeof got) && !strcmp(got, want);
+    if (f)
+        fclose(f);
+    return found;
+}
+
+/* Is gid this user's private group (Debian's and Ubuntu's user private
+ * groups, where a umask of 002 makes files group-writable): the user's own
+ * primary group, named after the user, with no other member listed? Read
+ * from /etc/passwd and /etc/group themselves (no name service at load); a
+ * group found nowhere there is not. */
+static bool private_group(gid_t gid)
+{
+    char pw[1024], gr[1024], user[256], primary[16], group[256], members[512], want[16];
+    if (!line_of("/etc/passwd", (unsigned)geteuid(), pw, sizeof pw) ||
+        !line_of("/etc/group", (unsigned)gid, gr, sizeof gr) || !field(pw, 0, user, sizeof user) ||
+        !field(pw, 3, primary, sizeof primary) || !field(gr, 0, group, sizeof group))
+        return false;
+    snprintf(want, sizeof want, "%u", (unsigned)gid);
+    if (!field(gr, 3, members, sizeof members))
+        members[0] = '\0';
+    return !strcmp(primary, want) && !strcmp(user, group) &&
+           (!members[0] || !strcmp(members, user));
+}
+
 /* One file or directory: owned by root or this user, and written by no one
  * else (an ancestor directory, `above`, may be sticky: others can add to it
- * but not take away or rename what is there). */
+ * but not take away or rename what is there; group-writable is the owner's
+ * alone in the owner's private group). */
 static bool safe_node(const char *path, bool above, char *why, size_t cap)
 {
     struct stat st;
@@ -127,7 +180,10 @@ static bool safe_node(const char *path, bool above, char *why, size_t cap)
         return false;
     }
     bool sticky_dir = S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX);
-    if ((st.st_mode & 022) && !(above && sticky_dir)) {
+    mode_t others = st.st_mode & 022;
+    if (others == 020 && st.st_uid == me && private_group(st.st_gid))
+        others = 0;
+    if (others && !(above && sticky_dir)) {
         snprintf(why, cap, "%s is writable by %s (mode %03o)", path,
                  st.st_mode & 002 ? "every user" : "its group", (unsigned)(st.st_mode & 0777));
         return false;

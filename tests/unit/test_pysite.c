@@ -133,11 +133,26 @@ static void test_only_a_directory_no_one_else_could_write(void)
         chmod(p, (st.st_mode & 0777) | 002);
         CHECK(!gg_pysite_trusted(site, lib, why, sizeof why));
         CHECK(strstr(why, p) != NULL && strstr(why, "writable by every user") != NULL);
+        /* a group another user may be in (users, 100) */
+        CHECK(chown(p, (uid_t)-1, 100) == 0 || geteuid() != 0);
         chmod(p, (st.st_mode & 0777) | 020);
         CHECK(!gg_pysite_trusted(site, lib, why, sizeof why));
         CHECK(strstr(why, "writable by its group") != NULL);
+        CHECK(chown(p, (uid_t)-1, st.st_gid) == 0 || geteuid() != 0);
         chmod(p, st.st_mode & 0777);
         CHECK(gg_pysite_trusted(site, lib, why, sizeof why));
+    }
+    /* group-writable in the user's own private group (a umask of 002 under
+     * Debian's and Ubuntu's user private groups): no one else can write */
+    char passwd[4096];
+    unit_slurp("/etc/passwd", passwd, sizeof passwd);
+    if (geteuid() == 0 && strstr(passwd, "root:x:0:0:") == passwd) {
+        char group[4096];
+        unit_slurp("/etc/group", group, sizeof group);
+        chmod(site, 0775);
+        CHECK(gg_pysite_trusted(site, lib, why, sizeof why) ==
+              (strstr(group, "root:x:0:\n") == group));
+        chmod(site, 0755);
     }
     /* an ancestor that is sticky and open to all (/tmp's kind) is fine; the
      * site directory itself is not (anyone could add a module to it) */

@@ -233,7 +233,9 @@ class StructTest(unittest.TestCase):
         self.assertEqual(calls, [3])
         self.assertEqual(_native.OPTIONAL, ("gpuguard_step", "gpuguard_policy",
                                             "gpuguard_torch_attach", "gpuguard_torch_detach",
-                                            "gpuguard_torch_view", "gpuguard_backward"))
+                                            "gpuguard_torch_view", "gpuguard_backward",
+                                            "gpuguard_torch_raise"))
+        self.assertFalse(older.has("gpuguard_torch_raise"))  # a shim before it: views swallow
         self.assertFalse(older.has("gpuguard_torch_view"))   # a shim before the instrumentation
         self.assertIsNone(older.function("gpuguard_torch_view"))
         self.assertIsNone(older.policy(0))                 # a shim before gpuguard_policy
