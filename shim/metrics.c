@@ -483,8 +483,11 @@ static bool write_file(const char *text, size_t len)
     bool foreign = fstatat(dir, m.name, &there, AT_SYMLINK_NOFOLLOW) == 0 && !same_file(&there);
     ok = renameat(dir, m.tmp, dir, m.name) == 0;
     err = errno;
-    if (ok && fstatat(dir, m.name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
-        m.file = st;
+    struct stat placed;
+    m.placed = false; /* until the name holds the file just written (st: its inode) */
+    if (ok && fstatat(dir, m.name, &placed, AT_SYMLINK_NOFOLLOW) == 0 &&
+        placed.st_dev == st.st_dev && placed.st_ino == st.st_ino) {
+        m.file = placed; /* with the change time the rename gave it */
         m.placed = true;
     }
     expected = GATE_RENAMING; /* an exit that gave up waiting closed it: it stays closed */
