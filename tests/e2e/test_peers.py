@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 from gg import ROOT, GiB, SCRIPT, SHIM, Case, base_env, sanitizer_preload
 
@@ -47,12 +46,19 @@ class SharedGpu(Case):
         return subprocess.Popen([SCRIPT, *cmds], env=env, cwd=self.tmp, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
 
-    def together(self, state, journal, sizes, mode="enforce", after=("sleep:50",)):
-        """Processes allocating sizes[i] at the same instant (each waits for
-        the same wall-clock moment once its CUDA has started)."""
+    def together(self, state, journal, sizes, mode="enforce", after=("sleep:200",)):
+        """Processes allocating sizes[i] at the same instant: each, its CUDA
+        and the shim started, spins until a file exists, which is made once
+        all of them are there (whatever their start-up takes: a sanitizer's)."""
         env = self.env(state, journal, mode)
-        at = time.time_ns() + 400_000_000
-        procs = [self.start(env, "meminfo", "at:%d" % at, "alloc:%d" % s, *after) for s in sizes]
+        go = os.path.join(os.path.dirname(state), "go." + os.path.basename(state))
+        procs = [self.start(env, "meminfo", "print:ready", "until:" + go, "alloc:%d" % s, *after)
+                 for s in sizes]
+        for p in procs:
+            while p.stdout.readline().strip() != "ready":
+                self.assertIsNone(p.poll(), "a process ended before it was ready")
+        with open(go, "w"):
+            pass
         outs = [p.communicate(timeout=120) for p in procs]
         for p, (out, err) in zip(procs, outs):
             self.assertEqual(p.returncode, 0, err)

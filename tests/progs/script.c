@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -868,6 +869,11 @@ __attribute__((always_inline)) static inline void run(char *cmd)
             printf("devhigh %d=%llu\n", dev, high(dev));
         else
             printf("devhigh: not the fake driver\n");
+    } else if (strcmp(cmd, "until") == 0 && arg) {
+        /* wait (spinning) until the file ARG exists: processes that have
+         * started act at the moment a test creates it */
+        while (access(arg, F_OK) != 0)
+            sched_yield();
     } else if (strcmp(cmd, "at") == 0 && arg) {
         /* wait until the wall clock reaches ARG ns since the epoch: processes
          * started apart act at the same moment */
