@@ -194,6 +194,7 @@ bench: deps
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/run.py
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/report_bench.py
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/torch_step.py
+	@GG_BUILD=$(BUILD) $(PYTHON) bench/torch_view.py
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/instrument.py
 
 # The generated part of docs/journal.md, from shim/events.def (a test fails
@@ -232,6 +233,12 @@ install: all $(SIM_LIBS)
 	install -m 0644 tools/python/gpuguard/journal/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/journal/
 	install -m 0644 tools/python/gpuguard/report/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/report/
 	install -m 0644 tools/python/gpuguard/preflight/*.py $(DESTDIR)$(PREFIX)/share/gpuguard/python/gpuguard/preflight/
+# gpuguard's site directory (docs/trainer.md): its sitecustomize and the
+# helper package, nothing else; the library puts it on Python's path.
+	rm -rf $(DESTDIR)$(PREFIX)/share/gpuguard/site
+	install -d $(DESTDIR)$(PREFIX)/share/gpuguard/site
+	install -m 0644 tools/python/gpuguard/_site/sitecustomize.py $(DESTDIR)$(PREFIX)/share/gpuguard/site/
+	ln -s ../python/gpuguard $(DESTDIR)$(PREFIX)/share/gpuguard/site/gpuguard
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|0.1.0|g' tools/build-aux/gpuguard.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/gpuguard.pc
 

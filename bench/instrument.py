@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """What gpuguard-run's instrumentation of Python costs a process that never
 imports torch: the interpreter's start-up (python3 -c pass, the shim
-preloaded in both) with gpuguard's sitecustomize first on PYTHONPATH and
-GPUGUARD_TORCH=1, against without it, bytecode cached as an installed
-package has it. Runs alternate; the figure is the median of the paired
-differences. A benchmark, never a test.
+preloaded in both) with GPUGUARD_TORCH=1 (the library checks gpuguard's site
+directory and puts it first on PYTHONPATH; its sitecustomize runs) against
+GPUGUARD_TORCH=0, bytecode cached as an installed package has it. Runs
+alternate; the figure is the median of the paired differences. A benchmark,
+never a test.
 
     GG_BUILD=build python3 bench/instrument.py [--runs N]   (make bench runs it)
 """
@@ -19,8 +20,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("GG_BUILD") or os.path.join(ROOT, "build")
 if not os.path.isabs(BUILD):
     BUILD = os.path.join(ROOT, BUILD)
-HELPER = os.path.join(ROOT, "tools", "python")
-SITE = os.path.join(HELPER, "gpuguard", "_site")
 
 
 def once(env):
@@ -36,10 +35,10 @@ def main():
     # As installed: bytecode cached (pip and the first run write it), so
     # neither side compiles at start-up.
     base = {k: v for k, v in os.environ.items()
-            if not k.startswith("GPUGUARD_") and k != "PYTHONDONTWRITEBYTECODE"}
+            if not k.startswith("GPUGUARD_") and k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPATH")}
     base["LD_PRELOAD"] = os.path.join(BUILD, "libgpuguard.so")
-    without = dict(base, PYTHONPATH=HELPER)
-    within = dict(base, PYTHONPATH=SITE + ":" + HELPER, GPUGUARD_TORCH="1")
+    without = dict(base, GPUGUARD_TORCH="0")
+    within = dict(base, GPUGUARD_TORCH="1")
     for _ in range(10):  # warm the caches
         once(without), once(within)
     diffs, w0, w1 = [], [], []

@@ -44,6 +44,7 @@ PY_DEPTH = 50            # Python frames above each call of the Python figure
 THREADS = (1, 2, 4, 8, 16)
 STEP_SITES = 1000        # live sites while gpuguard_step is timed
 METRICS = "off+metrics"  # stacks=off, the metrics file rewritten every second (docs/metrics.md)
+UNSHARED = "off-unshared"  # stacks=off, the GPU's ledger not shared with other processes ([memory] share = no)
 
 # The targets (docs/costs.md).
 T_ADDED_NS = 40.0
@@ -104,6 +105,9 @@ class Bench:
         if stacks == METRICS:
             stacks = "off"
             env.update(GPUGUARD_METRICS_DIR=self.metrics, GPUGUARD_METRICS_INTERVAL="1")
+        if stacks == UNSHARED:
+            stacks = "off"
+            env["GPUGUARD_SHARE"] = "0"
         env["GPUGUARD_POLICY"] = self.policies[stacks or "off"]
         if stacks:
             env["LD_PRELOAD"] = SHIM
@@ -294,9 +298,9 @@ def main():
     tmp = tempfile.mkdtemp(prefix="gg-bench-")
     try:
         b = Bench(tmp)
-        say(f"1 thread, {p_rounds} rounds x {p_inner} x {p_n} pairs: no shim, stacks off, "
-            f"near_miss, all")
-        single = pairs(b, (None, "off", "near_miss", "all"), 1, p_n, p_inner, p_rounds)
+        say(f"1 thread, {p_rounds} rounds x {p_inner} x {p_n} pairs: no shim, stacks off (the "
+            f"GPU's ledger shared, and not), near_miss, all")
+        single = pairs(b, (None, "off", UNSHARED, "near_miss", "all"), 1, p_n, p_inner, p_rounds)
         say(f"metrics: {m_rounds} rounds x {m_inner} x {m_n} pairs, stacks off, without and with "
             f"the metrics file every second")
         met, met_seconds, met_left = metrics_pairs(b, m_n, m_inner, m_rounds)
@@ -351,6 +355,11 @@ def main():
         figure(f"pair, 1 thread, {label}", base, single[c]["best"], "ns", target, text,
                note="" if c != "near_miss" else "the shipped policies' setting; target as for off")
 
+    figure("pair, 1 thread, stacks=off: shared ledger vs none", single[UNSHARED]["best"],
+           single["off"]["best"], "ns", 0.05 * single[UNSHARED]["best"], "ratio <= 1.05",
+           note="far from the line: within its claim an allocation asks no other process "
+                "(docs/how-it-works.md, \"A GPU shared by processes\"); 'without': "
+                "[memory] share = no")
     figure("pair, 1 thread, stacks=off, metrics every 1 s", met["off"], met[METRICS], "ns",
            0.05 * met["off"], "ratio <= 1.05",
            note=f"each run {met_seconds:.1f} s of pairs: the shim's thread wrote the file "

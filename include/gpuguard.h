@@ -78,8 +78,9 @@ struct gpuguard_torch_request {
 
 /* The callback gpuguard_torch_attach registers. The shim calls it only in
  * the main thread of the main Python interpreter, with the GIL held (a
- * pending call, Py_AddPendingCall), never waits for it, and never after
- * gpuguard_torch_detach. */
+ * pending call, Py_AddPendingCall) and the process's signals blocked in that
+ * thread, never waits for it, and never after gpuguard_torch_detach. What a
+ * signal handler raised meanwhile it hands back (gpuguard_torch_raise). */
 typedef void (*gpuguard_torch_fn)(const struct gpuguard_torch_request *req);
 
 /* Live blocks of PyTorch's cache allocated from one Python line while its
@@ -138,6 +139,11 @@ int gpuguard_torch_attach(gpuguard_torch_fn fn);
 void gpuguard_torch_detach(void);
 /* PyTorch's view of its memory: one `torch` journal line. */
 void gpuguard_torch_view(const struct gpuguard_torch_view *view);
+/* From the callback only: exc (a Python exception object, PyObject *) was
+ * raised by a signal handler while the callback worked; the shim raises it
+ * into the program when the callback returns, as it would have been raised
+ * without gpuguard, and calls the callback no more this time. */
+void gpuguard_torch_raise(void *exc);
 /* .backward() was called from these Python frames (innermost first) on
  * thread `thread` (NULL: the calling thread's name): a `backward` line. */
 void gpuguard_backward(const struct gpuguard_pyframe *frames, int nframes, const char *thread);
@@ -286,6 +292,18 @@ static inline void gpuguard_torch_detach(void)
     if (p) {
         memcpy(&f, &p, sizeof f);
         f();
+    }
+}
+
+/* From the callback: what a signal handler raised, for the program. */
+static inline void gpuguard_torch_raise(void *exc)
+{
+    static void *slot;
+    void (*f)(void *);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_torch_raise");
+    if (p) {
+        memcpy(&f, &p, sizeof f);
+        f(exc);
     }
 }
 

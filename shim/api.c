@@ -137,6 +137,11 @@ GG_EXPORT void gpuguard_torch_view(const struct gpuguard_torch_view *view)
     }
 }
 
+GG_EXPORT void gpuguard_torch_raise(void *exc)
+{
+    gg_torch_raise(exc);
+}
+
 GG_EXPORT void gpuguard_backward(const struct gpuguard_pyframe *frames, int nframes,
                                  const char *thread)
 {

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "driver.h"
 #include "runtime.h"
@@ -80,6 +81,7 @@ static bool apply_policy(int i, struct gg_device *d, struct env_sink *env, bool 
         d->limit = gg_policy_limit(p, d->total, report, ctx);
         d->near = gg_policy_near_miss(p, d->total);
         d->sample_step = d->total / 100;
+        d->claim_slack = d->total / 64 < (256ull << 20) ? d->total / 64 : 256ull << 20;
         if (d->limit == d->total && gg_size_bytes(p->s.headroom, d->total) > d->total)
             problems++;
     } else {
@@ -117,6 +119,37 @@ static void ranges(const bool *on, int n, char *out, size_t cap)
             return;
         len += (size_t)w;
         i = j;
+    }
+}
+
+/* The ledgers shared with this user's other guarded processes on the same
+ * GPUs (peers.h): one per GPU with a UUID and a size, in /dev/shm (or /tmp
+ * where there is none). A problem is said once; that GPU is then decided
+ * alone, from the device's readings. */
+static void join_peers(int n, gg_report_fn report, void *ctx)
+{
+    static const char *const bases[] = {"/dev/shm", "/tmp"};
+    char dir[256], why[512] = "";
+    bool have_dir = false;
+    for (size_t b = 0; b < GG_COUNT(bases) && !have_dir; b++) {
+        struct stat st;
+        if (stat(bases[b], &st) != 0 || !S_ISDIR(st.st_mode))
+            continue;
+        have_dir = gg_peers_dir(bases[b], dir, sizeof dir, why, sizeof why) == 0;
+        break;
+    }
+    for (int i = 0; i < n; i++) {
+        struct gg_device *d = &gg_devices[i];
+        d->peers.self = NULL;
+        if (!d->present || !d->total || !d->uuid[0] || d->mode == GG_MODE_OFF ||
+            !policies[i].s.share)
+            continue; /* [memory] share = no: decided alone, from the device's readings */
+        if (have_dir && gg_peers_join(&d->peers, dir, d->uuid, why, sizeof why) == 0)
+            continue;
+        if (why[0])
+            say(report, ctx, "GPU%d: not shared with this user's other guarded processes (%s): "
+                "it is decided from its own readings alone", i, why);
+        why[0] = '\0';
     }
 }
 
@@ -177,14 +210,55 @@ int gg_devices_init(const struct gg_process *proc, gg_report_fn report, void *ct
                 "refused", which);
     }
     gg_device_count = n;
+    join_peers(n, report, ctx);
     return n;
+}
+
+static void seen_peers(struct gg_device *d, const struct gg_peers_sum *s);
+
+/* What the others did since the reading: the estimate follows it. */
+static void note_peers(struct gg_device *d, const struct gg_peers_sum *s)
+{
+    uint64_t at = atomic_load_explicit(&d->peers_at_reading, memory_order_relaxed);
+    int64_t delta = (int64_t)s->cur - (int64_t)at;
+    int64_t was = atomic_exchange_explicit(&d->peers_delta, delta, memory_order_relaxed);
+    atomic_fetch_add_explicit(&d->used_offset, delta - was, memory_order_relaxed);
+    seen_peers(d, s);
+}
+
+/* The most the others held and claimed, and the most of them, as seen. */
+static void seen_peers(struct gg_device *d, const struct gg_peers_sum *s)
+{
+    gg_atomic_max(&d->peers_peak, s->cur + s->extra);
+    int most = atomic_load_explicit(&d->peers_most, memory_order_relaxed);
+    while (s->members > most &&
+           !atomic_compare_exchange_weak_explicit(&d->peers_most, &most, s->members,
+                                                  memory_order_relaxed, memory_order_relaxed)) {
+    }
+}
+
+void gg_device_peers(struct gg_device *d, struct gg_peers_sum *out)
+{
+    gg_peers_sum(&d->peers, out);
+    if (gg_peers_on(&d->peers))
+        note_peers(d, out);
 }
 
 uint64_t gg_device_refresh(struct gg_device *d, int dev, bool may_retain)
 {
     uint64_t used;
+    struct gg_peers_sum s;
+    /* The others first: what they hold is in the reading, and what they do
+     * after it follows (an allocation landing in between is counted twice,
+     * never missed). */
+    gg_peers_sum(&d->peers, &s);
     if (!gg_driver_read_used(dev, may_retain, &used))
         return gg_device_estimate(d);
+    if (gg_peers_on(&d->peers)) { /* the others are in the reading: no delta from here */
+        atomic_store_explicit(&d->peers_at_reading, s.cur, memory_order_relaxed);
+        atomic_store_explicit(&d->peers_delta, 0, memory_order_relaxed);
+        seen_peers(d, &s);
+    }
     atomic_store_explicit(&d->last_reading_ns, gg_now_ns(), memory_order_relaxed);
     atomic_store_explicit(&d->used_offset,
                           (int64_t)used - (int64_t)atomic_load_explicit(&d->current,
@@ -218,6 +292,18 @@ void gg_device_close_phase(struct gg_device *d, struct gg_window *out)
     uint64_t peak_used = atomic_exchange(&d->phase_used, gg_device_estimate(d));
     out->peak = peak > out->peak ? peak : out->peak;
     out->peak_used = peak_used > out->peak_used ? peak_used : out->peak_used;
+}
+
+void gg_devices_leave(void)
+{
+    for (int i = 0; i < gg_device_count; i++)
+        gg_peers_leave(&gg_devices[i].peers);
+}
+
+void gg_devices_after_fork(void)
+{
+    for (int i = 0; i < GG_MAX_DEVICES; i++)
+        gg_peers_after_fork(&gg_devices[i].peers);
 }
 
 void gg_devices_reset(void)

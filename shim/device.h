@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "ledger.h"
+#include "peers.h"
 #include "policy.h"
 #include "prim.h"
 #include "sites.h"
@@ -38,6 +39,7 @@ struct gg_device {
     uint64_t total, limit;     /* limit = total - headroom */
     uint64_t near;             /* the near-miss margin */
     uint64_t sample_step;      /* total / 100: how far `current` moves between timeline points */
+    uint64_t claim_slack;      /* shared GPU: what a claim holds beyond the request (peers.h) */
     int cc_major, cc_minor;
     char name[256];
     char uuid[48];             /* as DCGM labels it (driver.h), or "" */
@@ -61,6 +63,13 @@ struct gg_device {
     _Atomic uint64_t window_used;      /* the window's device-wide peak */
     _Atomic uint64_t used_before, phase_used;
     _Atomic uint64_t last_reading_ns;
+    /* Shared GPU (peers.h): what the other guarded processes held at the
+     * last reading, and what they held beyond that at the last look (in
+     * used_offset too), with the most they held and claimed. */
+    _Atomic uint64_t peers_at_reading;
+    _Atomic int64_t peers_delta;
+    _Atomic uint64_t peers_peak;
+    _Atomic int peers_most;            /* the most other members seen at once */
     /* Incidents and events: written rarely. */
     _Alignas(64) _Atomic uint64_t near_misses, refusals, ooms, unknown_frees;
     _Atomic uint64_t sample_current;   /* `current` when it last moved by a sample step */
@@ -69,6 +78,9 @@ struct gg_device {
     _Atomic uint64_t sample_high, sample_low_inv;
     _Atomic uint64_t sample_high_ns, sample_low_ns;
     _Atomic gg_site peak_site;         /* the allocation that set the peak */
+    /* The ledger shared with the other guarded processes of this user on
+     * this GPU (peers.h): joined at start, read-mostly. */
+    _Alignas(64) struct gg_peers peers;
 };
 
 extern struct gg_device gg_devices[GG_MAX_DEVICES];
@@ -98,13 +110,25 @@ const struct gg_policy *gg_device_policy(int dev);
  * said through report). */
 int gg_devices_init(const struct gg_process *p, gg_report_fn report, void *ctx);
 
-/* Device-wide use as estimated now. */
+/* Device-wide use as estimated now: the last reading, what this process
+ * did since, and what the other guarded processes on the GPU did since, as
+ * their slots said at the last look (folded into used_offset). */
 static inline uint64_t gg_device_estimate(const struct gg_device *d)
 {
     int64_t u = (int64_t)atomic_load_explicit(&d->current, memory_order_relaxed) +
                 atomic_load_explicit(&d->used_offset, memory_order_relaxed);
     return u > 0 ? (uint64_t)u : 0;
 }
+
+/* The other guarded processes on a shared GPU, as their slots say now
+ * (out: their figures; zero when the GPU is not shared): the estimate
+ * follows what they did since the last reading. */
+void gg_device_peers(struct gg_device *d, struct gg_peers_sum *out);
+
+/* At exit: leave the shared ledgers. */
+void gg_devices_leave(void);
+/* A forked child: not a member of its parent's ledgers. */
+void gg_devices_after_fork(void);
 
 /* The all-time peaks: this process's bytes, and device-wide. */
 static inline uint64_t gg_device_peak(const struct gg_device *d)

@@ -215,6 +215,9 @@ void gg_events_start(const char *comm, const char *host, long rank)
         gg_json_kstr(&j, F(start, dev_mode), gg_mode_name(d->mode));
         gg_json_ku64(&j, F(start, headroom), d->total ? d->total - d->limit : 0);
         gg_json_ku64(&j, F(start, near_miss), d->near);
+        gg_json_kstr(&j, F(start, uuid), d->uuid);
+        if (gg_peers_on(&d->peers))
+            gg_json_kbool(&j, F(start, shared), true);
         gg_json_obj_end(&j);
     }
     gg_json_arr_end(&j);
@@ -272,6 +275,8 @@ void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v)
     gg_json_key(&j, F(incident, stack));
     gg_events_stack(&j, c->site);
     python_frames(&j, c->site, F(incident, pystack), F(incident, thread));
+    if (v->peers)
+        gg_json_ku64(&j, F(incident, peers), v->peers);
     end(&j);
 }
 
@@ -682,6 +687,11 @@ void gg_events_summary(double duration, bool with_stacks)
         gg_json_ku64(&j, F(summary, pool_allocated), pu);
         gg_json_ku64(&j, F(summary, peak_pool_reserved), atomic_load(&d->peak_pool_reserved));
         gg_json_ku64(&j, F(summary, unknown_frees), atomic_load(&d->unknown_frees));
+        int peers = atomic_load(&d->peers_most);
+        if (peers) { /* a shared GPU: who else was on it */
+            gg_json_ku64(&j, F(summary, peers), (uint64_t)peers);
+            gg_json_ku64(&j, F(summary, peers_peak), atomic_load(&d->peers_peak));
+        }
         gg_site at_peak = with_stacks ? atomic_load(&d->peak_site) : GG_SITE_NONE;
         gg_json_key(&j, F(summary, peak_stack));
         gg_events_stack(&j, at_peak);

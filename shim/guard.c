@@ -2,6 +2,8 @@
 #include "guard.h"
 
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "budget.h"
 #include "callers.h"
@@ -34,6 +36,7 @@ static inline void capture(const struct gg_device *d, struct gg_call *c)
 
 static inline void clear(struct gg_verdict *v)
 {
+    v->peers = 0;
     v->incident = GG_INCIDENT_NONE;
     v->journal = false;
     v->over_limit = false;
@@ -80,6 +83,7 @@ static void pool_moved(int dev, int64_t delta, struct gg_verdict *v)
                                            memory_order_relaxed) + (uint64_t)delta;
     uint64_t cur = atomic_fetch_add_explicit(&d->current, (uint64_t)delta,
                                              memory_order_relaxed) + (uint64_t)delta;
+    gg_peers_publish(&d->peers, cur);
     if (delta > 0) {
         gg_atomic_max(&d->peak_pool_reserved, r);
         gg_atomic_max(&d->window_peak, cur);
@@ -230,17 +234,179 @@ static GG_COLD void pool_recheck(struct gg_call *c)
     c->grows = grows;
 }
 
+static GG_COLD void refuse(struct gg_device *d, struct gg_call *c, struct gg_verdict *v,
+                           uint64_t used)
+{
+    atomic_fetch_add_explicit(&d->refusals, 1, memory_order_relaxed);
+    if (c->site == GG_SITE_NONE && want_stack(d, true))
+        capture(d, c);
+    incident(c, v, GG_INCIDENT_REFUSED);
+    v->used = used;
+}
+
+/* ---- a GPU shared with this user's other guarded processes (peers.h) ----------------- */
+
+/* How long a request waits for others deciding at the same moment, at most. */
+#define SHARED_WAIT_NS 20000000ull
+
+static void nap_ns(uint64_t ns)
+{
+    struct timespec ts = {0, (long)ns};
+    nanosleep(&ts, NULL);
+}
+
+/* A short wait of its own length, so that two processes backing off at the
+ * same moment do not come back at the same moment. */
+static uint64_t backoff_ns(void)
+{
+    static GG_TLS uint64_t seed;
+    if (!seed)
+        seed = gg_mix64(gg_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uintptr_t)&seed) | 1;
+    seed ^= seed << 13;
+    seed ^= seed >> 7;
+    seed ^= seed << 17;
+    return 10000 + seed % 40000; /* 10-50 us */
+}
+
+/* The claim down to what the process holds and has in flight, with
+ * `slack` (a refusal's or a back-off's, or memory given back). */
+static void shared_settle(struct gg_device *d, uint64_t slack)
+{
+    uint64_t k = gg_peers_claim(&d->peers);
+    uint64_t want = add_sat(add_sat(atomic_load_explicit(&d->current, memory_order_relaxed),
+                                    gg_peers_pending(&d->peers, 0)), slack);
+    gg_peers_lower(&d->peers, k, want);
+}
+
+/* Memory given back: a claim far above what is held goes down, so that
+ * the others may have it. */
+static inline void shared_freed(struct gg_device *d, uint64_t cur)
+{
+    struct gg_peer_slot *self = d->peers.self;
+    if (gg_likely(!self))
+        return;
+    atomic_store_explicit(&self->cur, cur, memory_order_relaxed);
+    /* device sizes: no overflow */
+    if (gg_unlikely(atomic_load_explicit(&self->claim, memory_order_relaxed) >
+                    cur + 4 * d->claim_slack))
+        shared_settle(d, d->claim_slack);
+}
+
+/* A request that went past the claim is decided: it no longer waits. */
+static GG_COLD void decided(struct gg_device *d, struct gg_call *c)
+{
+    if (d)
+        gg_peers_pending(&d->peers, -(int64_t)c->pended);
+    c->pended = 0;
+}
+
+/* Others deciding at the same moment: the first (no member before it in
+ * the ledger is deciding) waits, its request still published, until the
+ * others have stepped back; the others step back (their request and claim
+ * withdrawn) and wait until no member before them is deciding. False once
+ * SHARED_WAIT_NS have passed since the first wait: then everything counts. */
+static bool shared_wait(struct gg_device *d, struct gg_call *c, bool first, uint64_t *deadline)
+{
+    uint64_t now = gg_now_ns();
+    if (!*deadline)
+        *deadline = now + SHARED_WAIT_NS;
+    if (now >= *deadline)
+        return false;
+    if (!first) {
+        decided(d, c);
+        shared_settle(d, 0);
+    }
+    for (;;) {
+        struct gg_peers_sum s;
+        nap_ns(backoff_ns());
+        gg_peers_sum(&d->peers, &s);
+        if ((first ? !s.pending : s.first) || gg_now_ns() >= *deadline)
+            return true;
+    }
+}
+
+/* A request past the process's claim on a shared GPU. The claim is raised
+ * first (published: sequentially consistent), then the others are summed:
+ * of two processes deciding at the same moment at least one sees the
+ * other's claim. Near the line the device is read; what the others hold is
+ * in the reading, what they have claimed beyond it is added. When it does
+ * not fit and others are deciding too, the one whose slot comes first goes
+ * on and the others step back and try again (at most SHARED_WAIT_NS), so
+ * that one of them gets it rather than none. Observing, or a request that
+ * may not be refused: the claim is raised and the request let through. */
+static GG_COLD bool shared_admit(struct gg_device *d, struct gg_call *c, uint64_t need,
+                                 struct gg_verdict *v)
+{
+    struct gg_peers *p = &d->peers;
+    bool may_refuse = atomic_load_explicit(&d->enforcing, memory_order_relaxed) &&
+                      c->refusable != GG_REFUSABLE_NEVER;
+    uint64_t deadline = 0;
+    for (;;) {
+        uint64_t cur = atomic_load_explicit(&d->current, memory_order_relaxed);
+        if (!c->pended) {
+            if (add_sat(cur, need) <= gg_peers_claim(p))
+                return true; /* another thread raised it meanwhile */
+            gg_peers_pending(p, (int64_t)need);
+            c->pended = need;
+        }
+        uint64_t exact = add_sat(cur, gg_peers_pending(p, 0));
+        gg_peers_raise(p, add_sat(exact, d->claim_slack)); /* the intent, published */
+        struct gg_peers_sum s;
+        gg_device_peers(d, &s);
+        if (!may_refuse)
+            return true;
+        uint64_t claim = gg_peers_claim(p), mine = claim > cur ? claim - cur : 0;
+        uint64_t used = add_sat(gg_device_estimate(d), s.extra);
+        if (add_sat(add_sat(used, mine), d->near) > d->limit) {
+            /* near the line: the device's own word (the others' held bytes
+             * are in it, their claims beyond them are not) */
+            used = add_sat(reading(d, c->dev, c->runtime), s.extra);
+        }
+        if (add_sat(used, mine) > d->limit && claim > exact) {
+            gg_peers_lower(p, claim, exact); /* no slack this close to the line */
+            mine = exact > cur ? exact - cur : 0;
+        }
+        v->peers = s.cur + s.extra;
+        if (add_sat(used, mine) <= d->limit)
+            return true; /* c->pended is given back once the call returns */
+        /* Others are deciding too, and it would fit but for what they
+         * claimed: the first of them goes on, the rest step back until it
+         * has decided, then ask again. */
+        if (s.pending && add_sat(used - s.extra, mine) <= d->limit &&
+            shared_wait(d, c, s.first, &deadline))
+            continue;
+        decided(d, c);
+        shared_settle(d, 0);
+        if (spared(d, c)) {
+            v->spared = true;
+            return true;
+        }
+        refuse(d, c, v, used);
+        return false;
+    }
+}
+
 bool gg_guard_admit(struct gg_call *c, struct gg_verdict *v)
 {
     struct gg_device *d = gg_device(c->dev);
     clear(v);
     c->site = GG_SITE_NONE;
+    c->pended = 0;
     if (!d || d->mode == GG_MODE_OFF)
         return true;
     if (gg_unlikely(!atomic_load_explicit(&d->read_once, memory_order_acquire)))
         first_reading(d, c);
     if (want_stack(d, false))
         capture(d, c);
+    struct gg_peer_slot *self = d->peers.self;
+    if (self) {
+        /* A shared GPU: within the claim, nothing to ask; past it, the
+         * others are asked (what grows the device: a pool's growth). */
+        uint64_t need = gg_likely(c->pool == GG_POOL_NONE) ? c->bytes : c->grows;
+        if (gg_unlikely(add_sat(atomic_load_explicit(&d->current, memory_order_relaxed), need) >
+                        atomic_load_explicit(&self->claim, memory_order_relaxed)) && need)
+            return shared_admit(d, c, need, v);
+    }
     if (!atomic_load_explicit(&d->enforcing, memory_order_relaxed) ||
         c->refusable == GG_REFUSABLE_NEVER)
         return true;
@@ -263,11 +429,7 @@ bool gg_guard_admit(struct gg_call *c, struct gg_verdict *v)
         v->spared = true; /* counted; a near miss past the limit when it succeeds */
         return true;
     }
-    atomic_fetch_add_explicit(&d->refusals, 1, memory_order_relaxed);
-    if (c->site == GG_SITE_NONE && want_stack(d, true))
-        capture(d, c);
-    incident(c, v, GG_INCIDENT_REFUSED);
-    v->used = used;
+    refuse(d, c, v, used);
     return false;
 }
 
@@ -285,6 +447,10 @@ static GG_COLD void near_miss(struct gg_device *d, struct gg_call *c, uint64_t u
     incident(c, v, GG_INCIDENT_NEAR_MISS);
     v->used = used;
     v->over_limit = used > d->limit;
+    if (gg_peers_on(&d->peers)) /* what the others held, as last seen */
+        v->peers = (uint64_t)((int64_t)atomic_load_explicit(&d->peers_at_reading,
+                                                            memory_order_relaxed) +
+                              atomic_load_explicit(&d->peers_delta, memory_order_relaxed));
 }
 
 /* A pool's entry left the ledger (a free, or replaced by a new key): its
@@ -297,7 +463,9 @@ static GG_COLD uint64_t account_pool_free(struct gg_device *d, const struct gg_e
     atomic_fetch_sub_explicit(&d->pool_used, e->size, memory_order_relaxed);
     uint64_t left = gg_pools_freed(e->pool, e->size);
     atomic_fetch_sub_explicit(&d->pool_reserved, left, memory_order_relaxed);
-    return atomic_fetch_sub_explicit(&d->current, left, memory_order_relaxed) - left;
+    uint64_t cur = atomic_fetch_sub_explicit(&d->current, left, memory_order_relaxed) - left;
+    shared_freed(d, cur);
+    return cur;
 }
 
 /* Bytes no longer held: the device's and the site's. */
@@ -307,7 +475,9 @@ static inline uint64_t account_free(struct gg_device *d, const struct gg_entry *
         return account_pool_free(d, e);
     if (e->site != GG_SITE_NONE)
         gg_sites_charge(e->site, -(int64_t)e->size, -1);
-    return atomic_fetch_sub_explicit(&d->current, e->size, memory_order_relaxed) - e->size;
+    uint64_t cur = atomic_fetch_sub_explicit(&d->current, e->size, memory_order_relaxed) - e->size;
+    shared_freed(d, cur);
+    return cur;
 }
 
 static GG_COLD void evicted(const struct gg_entry *old)
@@ -327,7 +497,8 @@ static GG_COLD uint64_t pool_allocated(struct gg_device *d, const struct gg_call
     if (grew) {
         uint64_t r = atomic_fetch_add_explicit(&d->pool_reserved, grew, memory_order_relaxed) + grew;
         gg_atomic_max(&d->peak_pool_reserved, r);
-        atomic_fetch_add_explicit(&d->current, grew, memory_order_relaxed);
+        gg_peers_publish(&d->peers,
+                         atomic_fetch_add_explicit(&d->current, grew, memory_order_relaxed) + grew);
         (void)pool_reading(c->pool, NULL, NULL);
     }
     return atomic_load_explicit(&d->current, memory_order_relaxed);
@@ -336,6 +507,8 @@ static GG_COLD uint64_t pool_allocated(struct gg_device *d, const struct gg_call
 void gg_guard_allocated(struct gg_call *c, uintptr_t key, struct gg_verdict *v)
 {
     struct gg_device *d = gg_device(c->dev);
+    if (gg_unlikely(c->pended))
+        decided(d, c);
     if (!d || d->mode == GG_MODE_OFF || !key)
         return;
     struct gg_entry e = {.key = key, .size = c->bytes, .site = c->site, .dev = (uint8_t)c->dev,
@@ -355,6 +528,7 @@ void gg_guard_allocated(struct gg_call *c, uintptr_t key, struct gg_verdict *v)
                        ? atomic_fetch_add_explicit(&d->current, c->bytes, memory_order_relaxed) +
                              c->bytes
                        : pool_allocated(d, c);
+    gg_peers_publish(&d->peers, cur);
     bool peak = gg_atomic_max(&d->window_peak, cur) &&
                 cur > atomic_load_explicit(&d->peak_before, memory_order_relaxed);
     if (c->site != GG_SITE_NONE)
@@ -372,6 +546,8 @@ void gg_guard_allocated(struct gg_call *c, uintptr_t key, struct gg_verdict *v)
 void gg_guard_failed(struct gg_call *c, bool oom, struct gg_verdict *v)
 {
     struct gg_device *d = gg_device(c->dev);
+    if (gg_unlikely(c->pended))
+        decided(d, c);
     if (!d || d->mode == GG_MODE_OFF || !oom)
         return;
     atomic_fetch_add_explicit(&d->ooms, 1, memory_order_relaxed);
@@ -403,7 +579,8 @@ void gg_guard_unrelease(const struct gg_entry *e, uint32_t ticket)
         struct gg_call c = {.dev = e->dev, .pool = e->pool, .bytes = e->size};
         (void)pool_allocated(d, &c);
     } else {
-        atomic_fetch_add_explicit(&d->current, e->size, memory_order_relaxed);
+        gg_peers_publish(&d->peers, atomic_fetch_add_explicit(&d->current, e->size,
+                                                              memory_order_relaxed) + e->size);
     }
     if (e->site != GG_SITE_NONE)
         gg_sites_charge(e->site, (int64_t)e->size, 1);

@@ -40,6 +40,8 @@ struct gg_call {
     uintptr_t caller;     /* the return address of the call that entered the shim:
                              the module that asked (callers.h) */
     gg_site site;         /* captured by the guard when the policy wants a stack */
+    uint64_t pended;      /* a shared GPU: this call's bytes among the process's pending
+                             requests (peers.h), given back once it is decided */
 };
 
 enum gg_incident { GG_INCIDENT_NONE, GG_INCIDENT_NEAR_MISS, GG_INCIDENT_REFUSED,
@@ -56,6 +58,8 @@ struct gg_verdict {
     uint64_t used;       /* device-wide use at the decision */
     uint64_t count;      /* the site's running count of this kind of incident */
     uint64_t current;    /* the process's bytes after the call */
+    uint64_t peers;      /* a shared GPU: what the other guarded processes held or had
+                            claimed at the decision (in `used`) */
 };
 
 static inline bool gg_verdict_any(const struct gg_verdict *v)

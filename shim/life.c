@@ -27,6 +27,7 @@
 #include "sites.h"
 #include "elfsym.h"
 #include "pyframes.h"
+#include "pysite.h"
 #include "stack.h"
 #include "steps.h"
 #include "symbolize.h"
@@ -169,6 +170,7 @@ static void child_after_fork(void)
     gg_symbolize_after_fork();
     gg_ticker_after_fork();
     gg_metrics_after_fork(); /* the parent's file is the parent's */
+    gg_devices_after_fork(); /* and its share of a shared GPU */
     gg_trace_after_fork();
     gg_journal_drop();
 }
@@ -199,6 +201,23 @@ static bool another_copy_first(void)
            first.dli_fbase != self.dli_fbase;
 }
 
+/* What the start says once, in the journal (and on stderr): secure-execution
+ * mode, and a Python instrumentation that the library could not use. */
+static void said_at_start(void)
+{
+    if (gg_secure()) {
+        char ignored[512];
+        gg_settings_secure_ignored(ignored, sizeof ignored);
+        gg_events_error("secure-execution mode (a set-user-ID program, or one that gained "
+                        "capabilities): no setting that names a file is read from the environment "
+                        "(%s%s), and the environment is not changed", ignored[0] ? ignored : "none was set",
+                        ignored[0] ? " set and not used" : "");
+    }
+    const char *why = gg_pysite_problem();
+    if (why)
+        gg_events_error("%s", why);
+}
+
 static bool start(void)
 {
     char dir[GG_PATH_MAX];
@@ -216,6 +235,7 @@ static bool start(void)
     }
     int n = gg_devices_init(&proc, report, NULL);
     report_more();
+    said_at_start();
     if (!n || all_off(n)) {
         gg_journal_release(false);
         return false;
@@ -396,4 +416,5 @@ void gg_life_finish(void)
     gg_events_summary(gg_clock_since_start(), !inside);
     if (!proc.quiet)
         say_summary();
+    gg_devices_leave(); /* a shared GPU: this process's share goes */
 }

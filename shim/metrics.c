@@ -6,6 +6,8 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -47,7 +49,7 @@ static const char *const reason_label[GG_REASON_FORECAST + 1] = {
 
 /* ---- state: set by open (before the shim's thread starts), then read ------------- */
 
-#define PROC_LABELS 1600 /* Hostname (255), comm (63), job (255), escaped, and the rest */
+#define PROC_LABELS 1700 /* Hostname (255), comm (63), hpc_job (255), escaped, and the rest */
 #define DEV_LABELS 700   /* gpu, UUID, modelName (255, escaped) */
 #define JOB_MAX 256
 
@@ -57,7 +59,11 @@ static struct {
     bool on;
     char dir[GG_PATH_MAX];
     char setting[GG_PATH_MAX + 16];
-    char name[320], tmp[336];
+    char name[320], tmp[360];
+    char instance[24];                   /* the instance id: in the file name and a label */
+    struct stat file;                    /* the file this process last put in place */
+    bool placed;
+    bool squat_said;                     /* a file this process did not write was said */
     char path[GG_PATH_MAX + 340];
     uint64_t interval_ns, next_ns;
     double start_wall;
@@ -377,6 +383,68 @@ static int open_dir(void)
     return open(m.dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 }
 
+/* 64 unpredictable bits: the temporary file's name, which another user of a
+ * shared directory must not be able to take first. */
+static uint64_t unpredictable(void)
+{
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof r, GRND_NONBLOCK) == (ssize_t)sizeof r)
+        return r;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return gg_mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ gg_now_ns() ^
+                    ((uint64_t)getpid() << 16) ^ (uintptr_t)&r);
+}
+
+/* A temporary file of this process's own, in the directory: a name no one
+ * can guess (another user may write the directory), created O_EXCL, never
+ * through a link. Its name in m.tmp; -1 when none could be made. */
+static int create_tmp(int dir)
+{
+    for (int tries = 0; tries < 8; tries++) {
+        snprintf(m.tmp, sizeof m.tmp, ".%s.%016llx.tmp", m.name,
+                 (unsigned long long)unpredictable());
+        int fd = openat(dir, m.tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd >= 0 || errno != EEXIST)
+            return fd;
+    }
+    return -1;
+}
+
+/* Is st the file this process put at the name last (its inode, as the
+ * rename left it: an inode number reused since has another change time)? */
+static bool same_file(const struct stat *st)
+{
+    return m.placed && st->st_dev == m.file.st_dev && st->st_ino == m.file.st_ino &&
+           st->st_ctim.tv_sec == m.file.st_ctim.tv_sec &&
+           st->st_ctim.tv_nsec == m.file.st_ctim.tv_nsec && st->st_uid == m.file.st_uid;
+}
+
+static bool ours(int dir)
+{
+    struct stat st;
+    return fstatat(dir, m.name, &st, AT_SYMLINK_NOFOLLOW) == 0 && same_file(&st);
+}
+
+/* A file at the name that this process did not write (another user's, in a
+ * directory others can write; its owner: uid): said once, with what was
+ * done about it. */
+static void squatted(unsigned uid, bool replaced, int err)
+{
+    if (m.squat_said)
+        return;
+    m.squat_said = true;
+    if (replaced)
+        gg_events_error("%s: %s/%s, a file this process did not write (uid %u), was in the way; "
+                        "replaced by this process's own (said once)", m.setting, m.dir, m.name,
+                        uid);
+    else
+        gg_events_error("%s: %s/%s belongs to uid %u, not to this process, and cannot be "
+                        "replaced (%s): no metrics from this process while it is there; it is "
+                        "never written through nor served as this process's (said once)",
+                        m.setting, m.dir, m.name, uid, strerror(err));
+}
+
 static bool write_file(const char *text, size_t len)
 {
     int dir = open_dir();
@@ -385,18 +453,15 @@ static bool write_file(const char *text, size_t len)
                                                   "followed)" : "cannot open it", errno);
         return false;
     }
-    int fd = openat(dir, m.tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0 && errno == EEXIST) { /* a write of this pid that was cut short */
-        unlinkat(dir, m.tmp, 0);
-        fd = openat(dir, m.tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    }
+    int fd = create_tmp(dir);
     if (fd < 0) {
         fail("cannot create a file", errno);
         close(dir);
         return false;
     }
     /* 0644 whatever the umask: node_exporter reads it as its own user. */
-    bool ok = fchmod(fd, 0644) == 0 && gg_write_all(fd, text, len);
+    struct stat st;
+    bool ok = fchmod(fd, 0644) == 0 && gg_write_all(fd, text, len) && fstat(fd, &st) == 0;
     int err = errno;
     if (close(fd) != 0 && ok) {
         ok = false;
@@ -414,13 +479,28 @@ static bool write_file(const char *text, size_t len)
         close(dir);
         return false;
     }
+    struct stat there;
+    bool foreign = fstatat(dir, m.name, &there, AT_SYMLINK_NOFOLLOW) == 0 && !same_file(&there);
     ok = renameat(dir, m.tmp, dir, m.name) == 0;
     err = errno;
+    struct stat placed;
+    m.placed = false; /* until the name holds the file just written (st: its inode) */
+    if (ok && fstatat(dir, m.name, &placed, AT_SYMLINK_NOFOLLOW) == 0 &&
+        placed.st_dev == st.st_dev && placed.st_ino == st.st_ino) {
+        m.file = placed; /* with the change time the rename gave it */
+        m.placed = true;
+    }
     expected = GATE_RENAMING; /* an exit that gave up waiting closed it: it stays closed */
     atomic_compare_exchange_strong(&gate, &expected, GATE_OPEN);
     if (!ok) {
         unlinkat(dir, m.tmp, 0);
-        fail("cannot rename a file into place", err);
+        if (foreign && (err == EPERM || err == EACCES || err == EBUSY || err == EISDIR ||
+                        err == ENOTEMPTY))
+            squatted((unsigned)there.st_uid, false, err); /* another's, in a sticky directory */
+        else
+            fail("cannot rename a file into place", err);
+    } else if (foreign) {
+        squatted((unsigned)there.st_uid, true, 0);
     }
     close(dir);
     return ok;
@@ -475,8 +555,8 @@ void gg_metrics_exit(void)
     atomic_store(&gate, GATE_CLOSED);
     int saved = errno, dir = open_dir();
     if (dir >= 0) {
-        unlinkat(dir, m.name, 0);
-        unlinkat(dir, m.tmp, 0);
+        if (ours(dir)) /* never a file this process did not put there */
+            unlinkat(dir, m.name, 0);
         close(dir);
     }
     errno = saved;
@@ -518,7 +598,8 @@ static void labels(const struct gg_metrics_config *c)
     label(&o, "comm", c->comm ? c->comm : "");
     label(&o, "rank", rank);
     label(&o, "local_rank", local);
-    label(&o, "job", c->job ? c->job : "");
+    label(&o, "hpc_job", c->job ? c->job : "");
+    label(&o, "instance_id", m.instance);
     m.proc[o.full ? 0 : o.len] = '\0';
     m.ndev = gg_device_count < GG_MAX_DEVICES ? gg_device_count : GG_MAX_DEVICES;
     for (int i = 0; i < m.ndev; i++) {
@@ -529,6 +610,43 @@ static void labels(const struct gg_metrics_config *c)
         label(&d, "modelName", gg_devices[i].name);
         m.dev[i][d.full ? 0 : d.len] = '\0';
     }
+}
+
+/* The first line of a small file under /proc, without its newline ("" when
+ * unreadable). */
+static void read_line(const char *path, char *out, size_t cap)
+{
+    out[0] = '\0';
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t n = read(fd, out, cap - 1);
+    close(fd);
+    out[n > 0 ? n : 0] = '\0';
+    char *nl = strchr(out, '\n');
+    if (nl)
+        *nl = '\0';
+}
+
+void gg_metrics_instance(char *out, size_t cap)
+{
+    char boot[64], stat_line[1024];
+    struct stat ns;
+    read_line("/proc/sys/kernel/random/boot_id", boot, sizeof boot);
+    uint64_t pidns = stat("/proc/self/ns/pid", &ns) == 0 ? (uint64_t)ns.st_ino : 0;
+    /* the process's start time: field 22 of its stat line, after its name's ')' */
+    read_line("/proc/self/stat", stat_line, sizeof stat_line);
+    uint64_t started = 0;
+    char *p = strrchr(stat_line, ')');
+    for (int field = 2; p && field < 22; field++)
+        p = strchr(p + 1, ' ');
+    if (p)
+        started = strtoull(p + 1, NULL, 10);
+    uint64_t h = gg_hash_bytes(boot, strlen(boot));
+    h = gg_mix64(h ^ pidns);
+    h = gg_mix64(h ^ started);
+    h = gg_mix64(h ^ (uint64_t)getpid());
+    snprintf(out, cap, "%016llx", (unsigned long long)h);
 }
 
 /* Said at the start: a directory the writes will not get through. */
@@ -565,8 +683,9 @@ bool gg_metrics_open(const struct gg_metrics_config *c)
     m.interval_ns = (uint64_t)(c->interval_s ? c->interval_s : 15) * 1000000000ull;
     m.start_wall = gg_wall_s() - gg_clock_since_start();
     file_safe(host, sizeof host, c->host ? c->host : "");
-    snprintf(m.name, sizeof m.name, "gpuguard_%s_%d.prom", host, (int)getpid());
-    snprintf(m.tmp, sizeof m.tmp, ".%s.tmp", m.name);
+    gg_metrics_instance(m.instance, sizeof m.instance);
+    snprintf(m.name, sizeof m.name, "gpuguard_%s_%d_%s.prom", host, (int)getpid(), m.instance);
+    m.tmp[0] = '\0';
     snprintf(m.path, sizeof m.path, "%s/%s", m.dir, m.name);
     labels(c);
     m.cap = capacity();
@@ -613,7 +732,7 @@ void gg_metrics_reset(void)
         gg_pages_free(m.buf, m.cap);
     m.buf = NULL;
     m.cap = 0;
-    m.on = m.said = false;
+    m.on = m.said = m.placed = m.squat_said = false;
     m.next_ns = 0;
     m.ndev = 0;
     m.proc[0] = m.dir[0] = '\0';

@@ -2,15 +2,21 @@
  * node_exporter's textfile collector (docs/metrics.md).
  *
  * With a metrics directory ([journal] metrics_dir, GPUGUARD_METRICS_DIR)
- * the shim's own thread (ticker.h) writes <dir>/gpuguard_<host>_<pid>.prom
+ * the shim's own thread (ticker.h) writes <dir>/gpuguard_<host>_<pid>_<instance_id>.prom
  * at its first tick and then every metrics_interval seconds: the rows of
  * metrics.def in Prometheus's text format, read from the counters the guard
  * keeps anyway (device.h, steps.h, react.h, advice.h), never on the
- * allocation path. Each write goes to .gpuguard_<host>_<pid>.prom.tmp in
- * the same directory (a name the collector ignores), created O_EXCL|
- * O_NOFOLLOW, mode 0644 whatever the umask, written whole, then renamed over
- * the file: a reader sees the last file or the new one, never half of one.
- * The directory itself is never followed through a symbolic link.
+ * allocation path. Each write goes to a temporary file of its own in the
+ * same directory (.<name>.<64 unpredictable bits>.tmp: a name the collector
+ * ignores and another user of the directory cannot take first), created
+ * O_EXCL|O_NOFOLLOW, mode 0644 whatever the umask, written whole, then
+ * renamed over the file: a reader sees the last file or the new one, never
+ * half of one. The directory itself is never followed through a symbolic
+ * link. A file at the name that this process did not put there (planted by
+ * another user) is replaced where the directory allows it and said once;
+ * where it does not (a sticky directory), that is said once and the file is
+ * never written through; the exit removes only the file this process put
+ * there.
  *
  * A clean exit removes the file, so Prometheus stops seeing a finished
  * process; a killed one leaves its last write, whose age says it is stale.
@@ -69,6 +75,11 @@ const char *gg_metrics_path(void);
 /* A label value in the exposition format: \ " and newline escaped. The
  * length written (without the NUL); 0 and "" when it did not fit. */
 size_t gg_metrics_escape(char *out, size_t cap, const char *s);
+/* This process's instance id (16 hex digits): its boot's id, its PID
+ * namespace and its start time, hashed with its pid, so that processes that
+ * share a host name and a pid (containers with host networking, each its
+ * own pid 1) and a pid reused after a reboot are told apart. */
+void gg_metrics_instance(char *out, size_t cap);
 /* Forget everything (tests open again). */
 void gg_metrics_reset(void);
 

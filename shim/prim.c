@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -125,6 +126,11 @@ void gg_proc_name(char *out, size_t size)
         out[j++] = ok ? c : '_';
     }
     out[j] = '\0';
+}
+
+bool gg_secure(void)
+{
+    return getauxval(AT_SECURE) != 0;
 }
 
 const char *gg_env_copy(const char *name, char *out, size_t size, bool *too_long)

@@ -63,6 +63,12 @@ void gg_proc_name(char *out, size_t size);
  * the live environment, so a later setenv() in the host changes nothing. */
 const char *gg_env_copy(const char *name, char *out, size_t size, bool *too_long);
 
+/* Secure-execution mode (getauxval(AT_SECURE)): a set-user-ID or
+ * set-group-ID program, or one that gained capabilities, whose environment
+ * its caller controls. Then no setting that names a file is read from the
+ * environment, and the environment is never changed. */
+bool gg_secure(void);
+
 /* Create a file that did not exist: O_WRONLY|O_CREAT|O_EXCL|O_APPEND|
  * O_NOFOLLOW|O_CLOEXEC, mode 0600. -1 with errno set on failure. */
 int gg_file_create(const char *path);

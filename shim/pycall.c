@@ -15,6 +15,11 @@
 
 static int (*add_fn)(gg_pycall_fn, void *);
 static int (*finalizing_fn)(void);
+/* Raising into the program from a pending call: PyErr_SetObject,
+ * PyObject_Type, Py_DecRef (the stable ABI's, every 3.x). */
+static void (*set_object_fn)(void *, void *);
+static void *(*type_fn)(void *);
+static void (*incref_fn)(void *), (*decref_fn)(void *);
 static _Atomic bool is_open;
 static _Atomic int inflight;   /* adds between their check of is_open and their return */
 static gg_spin find_lock = GG_SPIN_INIT;
@@ -66,8 +71,39 @@ static bool find(void)
     void *fin = gg_real_dlsym(h, "Py_IsFinalizing");
     if (!fin)
         fin = gg_real_dlsym(h, "_Py_IsFinalizing");
+    void *set = gg_real_dlsym(h, "PyErr_SetObject"), *type = gg_real_dlsym(h, "PyObject_Type"),
+         *inc = gg_real_dlsym(h, "Py_IncRef"), *dec = gg_real_dlsym(h, "Py_DecRef");
+    if (set && type && inc && dec) {
+        memcpy(&set_object_fn, &set, sizeof set);
+        memcpy(&type_fn, &type, sizeof type);
+        memcpy(&incref_fn, &inc, sizeof inc);
+        memcpy(&decref_fn, &dec, sizeof dec);
+    }
     memcpy(&finalizing_fn, &fin, sizeof fin);
     memcpy(&add_fn, &add, sizeof add);
+    return true;
+}
+
+bool gg_pycall_keep(void *obj)
+{
+    if (!obj || !incref_fn)
+        return false;
+    incref_fn(obj);
+    return true;
+}
+
+bool gg_pycall_raise(void *exc)
+{
+    if (!exc || !decref_fn)
+        return false;
+    void *type = set_object_fn && type_fn ? type_fn(exc) : NULL;
+    if (!type) {
+        decref_fn(exc);
+        return false;
+    }
+    set_object_fn(type, exc); /* the exception as it was: its traceback with it */
+    decref_fn(type);
+    decref_fn(exc);
     return true;
 }
 

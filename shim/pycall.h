@@ -47,6 +47,16 @@ bool gg_pycall_is_open(void);
  * time, no lock of the shim held. */
 bool gg_pycall_add(gg_pycall_fn fn, void *arg);
 
+/* With the GIL (a pending call, or a callback it makes): take a reference
+ * to the Python object `obj` (false when the interpreter's functions were
+ * not found: nothing is taken). */
+bool gg_pycall_keep(void *obj);
+/* In a pending call (the main thread, the GIL held): make `exc` (a Python
+ * exception object, a reference gg_pycall_keep took) the exception the call
+ * raises into the program: true, and the call must return -1. False (the
+ * reference given back) when the interpreter's functions are missing. */
+bool gg_pycall_raise(void *exc);
+
 /* For tests: use these in place of the interpreter's functions (NULL
  * finalizing: never). */
 void gg_pycall_test_use(int (*add)(gg_pycall_fn, void *), int (*finalizing)(void));

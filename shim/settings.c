@@ -278,6 +278,26 @@ void gg_setting_format(enum gg_setting_id id, const struct gg_settings *s,
     }
 }
 
+/* The settings naming a file that secure-execution mode left unread. */
+static _Atomic uint64_t secure_ignored;
+
+size_t gg_settings_secure_ignored(char *out, size_t cap)
+{
+    uint64_t bits = atomic_load(&secure_ignored);
+    size_t len = 0;
+    if (cap)
+        out[0] = '\0';
+    for (int id = 0; id < GG_SET_COUNT && cap; id++) {
+        if (!(bits & (1ull << id)))
+            continue;
+        int n = snprintf(out + len, cap - len, "%s%s", len ? ", " : "", gg_setting_info[id].env);
+        if (n < 0 || (size_t)n >= cap - len)
+            break;
+        len += (size_t)n;
+    }
+    return len;
+}
+
 /* One environment override: "GPUGUARD_X: 'value': why" when bad. */
 static int from_env(enum gg_setting_id id, struct gg_settings *s, struct gg_process *p,
                     bool *set, gg_report_fn report, void *ctx)
@@ -287,6 +307,12 @@ static int from_env(enum gg_setting_id id, struct gg_settings *s, struct gg_proc
     bool too_long;
     if (set)
         *set = false;
+    if (i->env && i->type == GG_T_PATH && gg_secure()) {
+        /* secure-execution mode: the caller's environment names no file */
+        if (getenv(i->env))
+            atomic_fetch_or(&secure_ignored, 1ull << id);
+        return 0;
+    }
     if (!i->env || !gg_env_copy(i->env, value, sizeof value, &too_long)) {
         if (i->env && too_long && report) {
             report(ctx, i->env, 0, "too long (at most 1023 characters); ignored");

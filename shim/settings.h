@@ -112,6 +112,13 @@ int gg_settings_from_env(struct gg_settings *s, bool *from_env, gg_report_fn rep
  * Returns the number of problems reported. */
 int gg_process_from_env(struct gg_process *p, gg_report_fn report, void *ctx);
 
+/* In secure-execution mode (gg_secure) the settings that name a file or a
+ * directory (type PATH: GPUGUARD_POLICY, GPUGUARD_JOURNAL_DIR,
+ * GPUGUARD_METRICS_DIR, GPUGUARD_TRACE) are never read from the
+ * environment: those that were set, as "GPUGUARD_POLICY, ..." in out (""
+ * when none); its length. */
+size_t gg_settings_secure_ignored(char *out, size_t cap);
+
 /* GPUGUARD_MODE says off, in any spelling: the shim must be invisible.
  * Cheap, for paths that run before the settings are read. */
 bool gg_settings_env_off(void);

@@ -2,6 +2,7 @@
 #include "torch.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -194,7 +195,20 @@ bool gg_torch_step(uint64_t *step)
 
 /* ---- the call in the main thread ------------------------------------------------- */
 
-static void call(gpuguard_torch_fn fn, int dev, int kind, int history)
+/* One call of the instrumentation's callback; false when it handed back an
+ * exception a signal handler raised (now the program's to see). */
+/* What a signal handler raised while the callback worked (the main thread
+ * only, inside gg_torch_pending). */
+static GG_TLS bool in_pending;
+static GG_TLS void *raised;
+
+void gg_torch_raise(void *exc)
+{
+    if (in_pending && !raised && gg_pycall_keep(exc))
+        raised = exc;
+}
+
+static bool call(gpuguard_torch_fn fn, int dev, int kind, int history)
 {
     struct gpuguard_torch_request r;
     memset(&r, 0, sizeof r);
@@ -215,6 +229,7 @@ static void call(gpuguard_torch_fn fn, int dev, int kind, int history)
         }
     }
     fn(&r);
+    return !raised;
 }
 
 /* The history change due now: +1 on, -1 off, 0 none. */
@@ -242,17 +257,39 @@ int gg_torch_pending(void *arg)
             if (kinds & (1u << k))
                 todo[n++] = (__typeof__(todo[0])){(uint8_t)dev, (uint8_t)k};
     }
+    /* The process's signals wait in this thread while the views are read:
+     * a handler then runs in the program's own code once this returns, and
+     * its exception (a KeyboardInterrupt, a SystemExit) is the program's,
+     * as without gpuguard. One delivered to another thread meanwhile runs
+     * its handler here all the same (Python runs handlers in the main
+     * thread): the instrumentation hands back what that raised, the rest of
+     * the views are dropped, and it is raised into the program from here. */
+    sigset_t all, old;
+    sigfillset(&all);
+    static const int synchronous[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
+    for (size_t k = 0; k < GG_COUNT(synchronous); k++)
+        sigdelset(&all, synchronous[k]);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    in_pending = true;
+    raised = NULL;
     /* History goes on before the first view (a forecast's view sees it on)
      * and off after the last (a near miss at the end of the step keeps its
      * tensors). */
     int history = history_change();
+    bool ok = true;
     if (!n && history)
-        call(fn, -1, -1, history);
-    for (int i = 0; i < n; i++) {
+        ok = call(fn, -1, -1, history);
+    for (int i = 0; ok && i < n; i++) {
         int h = (history > 0 && i == 0) || (history < 0 && i == n - 1) ? history : 0;
-        call(fn, todo[i].dev, todo[i].kind, h);
+        ok = call(fn, todo[i].dev, todo[i].kind, h);
     }
-    return 0; /* never an exception into the program */
+    in_pending = false;
+    void *exc = raised;
+    raised = NULL;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    /* -1 with the exception set: raised into the program where the pending
+     * call ran; otherwise never an exception */
+    return ok || !gg_pycall_raise(exc) ? 0 : -1;
 }
 
 /* ---- the answer -------------------------------------------------------------------- */

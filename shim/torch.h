@@ -37,6 +37,10 @@
 
 /* The instrumentation's callback; true when the interpreter can be asked
  * (its answers and the OOM observer's work either way). */
+/* The callback hands back exc (a Python exception a signal handler raised
+ * while it worked): kept (a reference taken) and raised into the program
+ * when the callback returns. Outside the callback: ignored. */
+void gg_torch_raise(void *exc);
 bool gg_torch_attach(gpuguard_torch_fn fn);
 /* No call from now on: before the interpreter finalizes (Python's atexit). */
 void gg_torch_detach(void);

@@ -41,8 +41,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fakecuda.h"
@@ -70,10 +73,14 @@ CUresult CUDAAPI cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *
 /* Test hook: the bytes charged to a device now (every process sharing
  * FAKECUDA_STATE included); UINT64_MAX for no such device or before cuInit. */
 unsigned long long fakecuda_used(int dev);
+/* Test hook: the most bytes ever charged to a device at once. */
+unsigned long long fakecuda_high_water(int dev);
 
 #define FAKE_DRIVER_VERSION 13000 /* FAKECUDA_DRIVER_VERSION overrides it */
 #define MAXDEV              64
-#define STATE_FILE_SIZE     4096
+#define STATE_FILE_SIZE     8192
+#define STATE_PROCS         64 /* processes whose memory a dead one's leaves behind */
+#define PROC_DEVS           8  /* the devices followed per process */
 #define NSHARD              64
 #define ADDR_BASE           0x700000000000ULL
 /* The legacy (v1) entry points hand out 32-bit device pointers: they come
@@ -86,9 +93,21 @@ unsigned long long fakecuda_used(int dev);
 /* Devices and usage                                                         */
 
 
+/* A process sharing the state: what it holds per device, so that its
+ * memory goes back when it dies, as a real driver's does. */
+struct fproc {
+    _Atomic int32_t pid;
+    int32_t reserved;
+    _Atomic uint64_t start; /* its start time (/proc/PID/stat), against pid reuse */
+    _Atomic uint64_t used[PROC_DEVS];
+};
+
 struct fstate {
     _Atomic uint64_t used[MAXDEV];
+    _Atomic uint64_t high[MAXDEV]; /* the most ever used at once (the high-water mark) */
+    struct fproc procs[STATE_PROCS];
 };
+_Static_assert(sizeof(struct fstate) <= STATE_FILE_SIZE, "the state fits its file");
 
 struct fctx {
     uint32_t magic;
@@ -100,6 +119,8 @@ static struct fk_device g_dev[MAXDEV];
 static int g_ndev;
 static struct fstate g_local_state;
 static struct fstate *g_st = &g_local_state;
+static struct fproc *g_me;     /* this process's entry in a shared state */
+static uint64_t g_uuid_salt;   /* the devices' UUIDs: the state's (shared) or the process's */
 
 static struct fctx g_ctx[MAXDEV];
 static _Atomic int g_ctx_refs[MAXDEV];
@@ -265,6 +286,16 @@ static int tab_contains(uint64_t key, int kind)
 /* ------------------------------------------------------------------------ */
 /* Charging                                                                  */
 
+static void sub_sat(_Atomic uint64_t *u, uint64_t size)
+{
+    uint64_t cur = atomic_load_explicit(u, memory_order_relaxed);
+    uint64_t nv;
+    do {
+        nv = cur > size ? cur - size : 0;
+    } while (!atomic_compare_exchange_weak_explicit(u, &cur, nv, memory_order_relaxed,
+                                                    memory_order_relaxed));
+}
+
 static CUresult charge(int dev, uint64_t size)
 {
     _Atomic uint64_t *u = &g_st->used[dev];
@@ -275,18 +306,85 @@ static CUresult charge(int dev, uint64_t size)
             return CUDA_ERROR_OUT_OF_MEMORY;
     } while (!atomic_compare_exchange_weak_explicit(u, &cur, cur + size, memory_order_relaxed,
                                                     memory_order_relaxed));
+    uint64_t high = atomic_load_explicit(&g_st->high[dev], memory_order_relaxed);
+    while (cur + size > high &&
+           !atomic_compare_exchange_weak_explicit(&g_st->high[dev], &high, cur + size,
+                                                  memory_order_relaxed, memory_order_relaxed)) {
+    }
+    if (g_me && dev < PROC_DEVS)
+        atomic_fetch_add_explicit(&g_me->used[dev], size, memory_order_relaxed);
     return CUDA_SUCCESS;
 }
 
 static void uncharge(int dev, uint64_t size)
 {
-    _Atomic uint64_t *u = &g_st->used[dev];
-    uint64_t cur = atomic_load_explicit(u, memory_order_relaxed);
-    uint64_t nv;
-    do {
-        nv = cur > size ? cur - size : 0;
-    } while (!atomic_compare_exchange_weak_explicit(u, &cur, nv, memory_order_relaxed,
-                                                    memory_order_relaxed));
+    sub_sat(&g_st->used[dev], size);
+    if (g_me && dev < PROC_DEVS)
+        sub_sat(&g_me->used[dev], size);
+}
+
+/* A process's start time in clock ticks since boot (0: unknown). */
+static uint64_t proc_start(int pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* comm may hold spaces */
+    for (int field = 2; p && field < 22; field++)
+        p = strchr(p + 1, ' ');
+    return p ? strtoull(p + 1, NULL, 10) : 0;
+}
+
+/* Processes that shared the state and died without giving back what they
+ * held (killed): their memory goes back, as a real driver's does when a
+ * process ends. Looked at by cuInit and cuMemGetInfo. */
+static void reap(bool check_start)
+{
+    if (g_st == &g_local_state)
+        return;
+    for (int i = 0; i < STATE_PROCS; i++) {
+        struct fproc *p = &g_st->procs[i];
+        int32_t pid = atomic_load(&p->pid);
+        if (pid <= 0 || p == g_me)
+            continue;
+        uint64_t start = atomic_load(&p->start);
+        bool gone = kill(pid, 0) != 0 && errno == ESRCH;
+        if (!gone && check_start && start && proc_start(pid) != start)
+            gone = true; /* the pid is another process's now */
+        if (!gone || !atomic_compare_exchange_strong(&p->pid, &pid, -1))
+            continue;
+        for (int d = 0; d < PROC_DEVS && d < MAXDEV; d++)
+            sub_sat(&g_st->used[d], atomic_exchange(&p->used[d], 0));
+        atomic_store(&p->start, 0);
+        atomic_store(&p->pid, 0);
+    }
+}
+
+/* This process's entry in a shared state (none when all are taken: its
+ * memory then stays charged should it be killed). */
+static void join_state(void)
+{
+    int32_t me = (int32_t)getpid();
+    uint64_t start = proc_start(me);
+    reap(true);
+    for (int i = 0; i < STATE_PROCS; i++) {
+        struct fproc *p = &g_st->procs[i];
+        int32_t none = 0;
+        if (!atomic_compare_exchange_strong(&p->pid, &none, me))
+            continue;
+        for (int d = 0; d < PROC_DEVS; d++)
+            atomic_store(&p->used[d], 0);
+        atomic_store(&p->start, start);
+        g_me = p;
+        return;
+    }
 }
 
 static uint64_t new_addr(uint64_t size, uint64_t align)
@@ -598,6 +696,10 @@ static int open_state(const char *path)
     if (m == MAP_FAILED)
         return -1;
     g_st = m;
+    /* Processes sharing the state share its devices: their UUIDs are the
+     * state file's. */
+    g_uuid_salt = ((uint64_t)st.st_dev << 32) ^ (uint64_t)st.st_ino;
+    join_state();
     return 0;
 }
 
@@ -706,6 +808,12 @@ static void at_exit(void)
         }
         pthread_mutex_unlock(&g_ctx_mu);
     }
+    if (g_me) { /* what could not be given back stays charged, as before */
+        struct fproc *me = g_me;
+        g_me = NULL;
+        atomic_store(&me->start, 0);
+        atomic_store(&me->pid, 0);
+    }
 }
 
 static void on_fork_child(void)
@@ -738,6 +846,12 @@ static void do_init(void)
         g_init_res = CUDA_ERROR_NO_DEVICE;
         return;
     }
+    /* A device of this process alone, unless the state is shared: a UUID of
+     * its own. */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    g_uuid_salt = ((uint64_t)getpid() << 40) ^ (uint64_t)now.tv_sec * 1000000000ull ^
+                  (uint64_t)now.tv_nsec;
     const char *state = getenv("FAKECUDA_STATE");
     if (state && *state && open_state(state) != 0) {
         fprintf(stderr, "fakecuda: cannot use FAKECUDA_STATE=%s: %s\n", state, strerror(errno));
@@ -1196,6 +1310,7 @@ CUresult CUDAAPI cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
     if (!free_bytes || !total)
         return CUDA_ERROR_INVALID_VALUE;
     atomic_fetch_add(&g_meminfo_calls, 1);
+    reap(false);
     int d = t_cur->dev;
     uint64_t used = atomic_load_explicit(&g_st->used[d], memory_order_relaxed);
     *total = g_dev[d].total;
@@ -1886,6 +2001,18 @@ unsigned long long fakecuda_used(int dev)
     if (ready() || !valid_dev(dev))
         return UINT64_MAX;
     return atomic_load_explicit(&g_st->used[dev], memory_order_relaxed);
+}
+
+unsigned long long fakecuda_high_water(int dev)
+{
+    if (ready() || !valid_dev(dev))
+        return UINT64_MAX;
+    return atomic_load_explicit(&g_st->high[dev], memory_order_relaxed);
+}
+
+uint64_t fk_uuid_salt(void)
+{
+    return g_uuid_salt;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -36,6 +36,10 @@ FK_HIDDEN int fk_current_device(void);
 /* Does p lie in the device address space (device memory, a reserved VA
  * range, a legacy 32-bit pointer)? Device memory is never backed. */
 FK_HIDDEN int fk_is_device_address(uint64_t p);
+/* What the devices' UUIDs are made from besides their ordinal and name:
+ * the state file's identity when FAKECUDA_STATE is shared (its processes
+ * share the devices), else this process's (a device of its own). */
+FK_HIDDEN uint64_t fk_uuid_salt(void);
 /* A synchronisation: pools give back what their thresholds allow. */
 FK_HIDDEN void fk_synchronized(void);
 

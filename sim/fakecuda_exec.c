@@ -1182,8 +1182,10 @@ CUresult CUDAAPI cuDeviceGetByPCIBusId(CUdevice *dev, const char *pciBusId)
     return CUDA_ERROR_INVALID_DEVICE;
 }
 
-/* A UUID that stays the same for the same ordinal and name: FNV-1a of both,
- * stretched to 16 bytes, with the RFC 4122 version (4) and variant bits. */
+/* A UUID that stays the same for the same ordinal and name in the processes
+ * that share the device (FAKECUDA_STATE; without it each process has a
+ * device, and a UUID, of its own): FNV-1a of the three, stretched to 16
+ * bytes, with the RFC 4122 version (4) and variant bits. */
 CUresult CUDAAPI cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
     CUresult r = fk_ready();
@@ -1198,6 +1200,7 @@ CUresult CUDAAPI cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
     for (const char *p = d->name; *p; p++)
         h = (h ^ (unsigned char)*p) * 1099511628211ULL;
     h = (h ^ (uint64_t)dev) * 1099511628211ULL;
+    h = (h ^ fk_uuid_salt()) * 1099511628211ULL;
     uint64_t h2 = (h ^ 0x9e3779b97f4a7c15ULL) * 1099511628211ULL;
     memcpy(uuid->bytes, &h, 8);
     memcpy(uuid->bytes + 8, &h2, 8);

@@ -38,7 +38,8 @@ UNIT = os.path.join(BUILD, "tests", "unit", "test_metrics")
 METRICS_DEF = os.path.join(ROOT, "shim", "metrics.def")
 DASHBOARD = os.path.join(ROOT, "dashboards", "gpuguard.json")
 DOC = os.path.join(ROOT, "docs", "metrics.md")
-DEVICE_LABELS = ["gpu", "UUID", "modelName", "Hostname", "pid", "comm", "rank", "local_rank", "job"]
+DEVICE_LABELS = ["gpu", "UUID", "modelName", "Hostname", "pid", "comm", "rank", "local_rank", "hpc_job",
+                 "instance_id"]
 JOB = 'fleet "7" \\ é'  # quotes, a backslash and UTF-8: escaped on the way, whole at the end
 DCGM_FB_USED_MIB = 20480
 
@@ -218,11 +219,11 @@ class NodeExporter(Daemon):
 class Prometheus(Daemon):
     def __init__(self, case, target_port, work):
         config = os.path.join(work, "prometheus.yml")
-        # honor_labels: the series' own `job` label (the training job) is
-        # kept rather than renamed exported_job (docs/metrics.md)
+        # no honor_labels: the training job is hpc_job, and `job` is the
+        # scrape's own (docs/metrics.md)
         with open(config, "w") as f:
             f.write("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-                    "scrape_configs:\n  - job_name: node\n    honor_labels: true\n"
+                    "scrape_configs:\n  - job_name: node\n"
                     f"    static_configs:\n      - targets: ['127.0.0.1:{target_port}']\n")
         super().__init__(case, "prometheus", lambda port: [
             PROMETHEUS, f"--config.file={config}",
@@ -285,36 +286,10 @@ class MetricsCase(Case):
 
 @unittest.skipUnless(NODE_EXPORTER and PROMETHEUS, NEEDS)
 class Fleet(MetricsCase):
-    def nvml_uuid(self):
-        """GPU 0's UUID as NVML says it, the way dcgm-exporter labels it."""
-        code = ("import ctypes, sys\n"
-                "n = ctypes.CDLL(sys.argv[1])\n"
-                "assert n.nvmlInit_v2() == 0\n"
-                "h = ctypes.c_void_p()\n"
-                "assert n.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0\n"
-                "b = ctypes.create_string_buffer(96)\n"
-                "assert n.nvmlDeviceGetUUID(h, b, 96) == 0\n"
-                "print(b.value.decode())\n")
-        env = base_env()
-        if sanitizer_preload():
-            env["LD_PRELOAD"] = ":".join(sanitizer_preload())
-        out = subprocess.run([sys.executable, "-c", code, os.path.join(FAKE, "libnvidia-ml.so.1")],
-                             env=env, stdout=subprocess.PIPE, text=True, check=True).stdout.strip()
-        self.assertRegex(out, r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-        return out
-
     def test_two_ranks_in_node_exporter_and_prometheus_beside_dcgm(self):
         textfile = os.path.join(self.tmp, "textfile")
         os.makedirs(textfile)
         host = socket.gethostname()
-        uuid = self.nvml_uuid()
-        # what dcgm-exporter says of the same GPU, as a textfile: its labels
-        with open(os.path.join(textfile, "dcgm.prom"), "w") as f:
-            f.write("# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).\n"
-                    "# TYPE DCGM_FI_DEV_FB_USED gauge\n"
-                    f'DCGM_FI_DEV_FB_USED{{gpu="0",UUID="{uuid}",pci_bus_id="00000000:01:00.0",'
-                    f'device="nvidia0",modelName="NVIDIA GeForce RTX 3090",Hostname="{host}"}} '
-                    f"{DCGM_FB_USED_MIB}\n")
         node = NodeExporter(self, textfile, self.tmp)
         prom = Prometheus(self, node.port, self.tmp)
         policy = self.write_policy("p.ini", POLICY)
@@ -335,6 +310,23 @@ class Fleet(MetricsCase):
             self.assertEqual(r["lines"].until("ready"), "ready", r["proc"].stderr)
         t_ready = time.time()
         pids = {str(r["proc"].pid): rank for rank, r in ranks.items()}
+        # each rank on a fake GPU of its own (no FAKECUDA_STATE: its UUID is
+        # its own, as the journal's start says); what dcgm-exporter says of
+        # those two GPUs, as a textfile: its labels
+        uuids = {}
+        for rank, r in ranks.items():
+            (path,) = [os.path.join(r["journal"], n) for n in os.listdir(r["journal"])]
+            uuids[rank] = read_journal(path)[0]["devices"][0]["uuid"]
+            self.assertRegex(uuids[rank], r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+        self.assertNotEqual(uuids[0], uuids[1])
+        with open(os.path.join(textfile, ".dcgm.tmp"), "w") as f:
+            f.write("# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).\n"
+                    "# TYPE DCGM_FI_DEV_FB_USED gauge\n")
+            for rank, uuid in uuids.items():
+                f.write(f'DCGM_FI_DEV_FB_USED{{gpu="{rank}",UUID="{uuid}",pci_bus_id="00000000:0{rank + 1}:00.0",'
+                        f'device="nvidia{rank}",modelName="NVIDIA GeForce RTX 3090",Hostname="{host}"}} '
+                        f"{DCGM_FB_USED_MIB}\n")
+        os.rename(os.path.join(textfile, ".dcgm.tmp"), os.path.join(textfile, "dcgm.prom"))
 
         # node_exporter: both files, written after the work, at mode 0644 (umask 077)
         def written():
@@ -343,7 +335,10 @@ class Fleet(MetricsCase):
             return (samples, helps, types) if all(ts.get(p, 0) > t_ready for p in pids) else None
         samples, helps, types = wait_for("both ranks' files rewritten", written, timeout=30)
         files = self.prom_files(textfile)
-        self.assertEqual(files, sorted(f"gpuguard_{host}_{p}.prom" for p in pids))
+        self.assertEqual(len(files), 2)
+        for p in pids:
+            self.assertEqual(len([n for n in files if re.fullmatch(
+                rf"gpuguard_{re.escape(host)}_{p}_[0-9a-f]{{16}}\.prom", n)]), 1, files)
         for name in files:
             self.assertEqual(stat.S_IMODE(os.stat(os.path.join(textfile, name)).st_mode), 0o644)
         errors = [s for s in samples if s[0] == "node_textfile_scrape_error"]
@@ -367,11 +362,12 @@ class Fleet(MetricsCase):
             self.assertEqual(labels["Hostname"], host)
             self.assertEqual(labels["rank"], str(rank))
             self.assertEqual(labels["local_rank"], str(rank))
-            self.assertEqual(labels["job"], JOB)
+            self.assertEqual(labels["hpc_job"], JOB)
+            self.assertIn(f"_{labels['pid']}_{labels['instance_id']}.prom", " ".join(files))
             ranks[rank]["labels"] = labels
             if "UUID" in labels:
                 self.assertEqual((labels["gpu"], labels["UUID"], labels["modelName"]),
-                                 ("0", uuid, "NVIDIA GeForce RTX 3090"))
+                                 ("0", uuids[rank], "NVIDIA GeForce RTX 3090"))
 
         # Prometheus: the series, and a join with DCGM's on UUID
         def scraped():
@@ -384,7 +380,10 @@ class Fleet(MetricsCase):
         self.assertEqual(sorted(r["metric"]["pid"] for r in joined), sorted(pids))
         for r in joined:
             m = r["metric"]
-            self.assertEqual((m["device"], m["UUID"], m["job"]), ("nvidia0", uuid, JOB))
+            rank = pids[m["pid"]]
+            # hpc_job is the training job's, `job` the scrape's: no honor_labels needed
+            self.assertEqual((m["device"], m["UUID"], m["hpc_job"], m["job"]),
+                             (f"nvidia{rank}", uuids[rank], JOB, "node"))
             used = by[pids[m["pid"]]][("gpuguard_memory_used_bytes", None)]
             self.assertAlmostEqual(float(r["value"][1]), used / (DCGM_FB_USED_MIB * MiB), places=9)
         # the dashboard's every query answers (its variables: everything)
@@ -489,7 +488,8 @@ class Files(MetricsCase):
         self.assertEqual(writer.returncode, 0, err)
         self.assertIn("rewrote 1000", out)
         self.assertGreaterEqual(scrapes, 10, "node_exporter read too rarely to tell")
-        self.assertEqual(os.listdir(textfile), [f"gpuguard_host_1_{writer.pid}.prom"])
+        (name,) = os.listdir(textfile)
+        self.assertRegex(name, rf"^gpuguard_host_1_{writer.pid}_[0-9a-f]{{16}}\.prom$")
 
     def test_a_killed_process_leaves_its_last_file_which_grows_stale(self):
         textfile = os.path.join(self.tmp, "textfile")
@@ -498,9 +498,9 @@ class Files(MetricsCase):
         proc, _, lines = self.start([SCRIPT, "alloc:1G", "print:holding", "sleep:60000"],
                                     self.metrics_env(textfile))
         self.assertEqual(lines.until("holding"), "holding")
-        name = f"gpuguard_{socket.gethostname()}_{proc.pid}.prom"
+        name = wait_for("the file", lambda: self.prom_files(textfile), timeout=30)[0]
+        self.assertTrue(name.startswith(f"gpuguard_{socket.gethostname()}_{proc.pid}_"), name)
         path = os.path.join(textfile, name)
-        wait_for("the file", lambda: os.path.exists(path), timeout=30)
         time.sleep(1.5)  # a rewrite or two
         proc.kill()
         proc.wait()
@@ -526,8 +526,8 @@ class Files(MetricsCase):
                                      "forkexit", "print:forked", "sleep:1500", "exit:3"],
                                     self.metrics_env(textfile))
         self.assertEqual(lines.until("holding"), "holding")
-        path = os.path.join(textfile, f"gpuguard_{socket.gethostname()}_{proc.pid}.prom")
-        wait_for("the file", lambda: os.path.exists(path), timeout=30)
+        name = wait_for("the file", lambda: self.prom_files(textfile), timeout=30)[0]
+        path = os.path.join(textfile, name)
         self.assertEqual(lines.until("forked"), "forked")
         # the child ran exit(): its atexit handlers, the shim's too
         self.assertTrue(os.path.exists(path), "a forked child removed its parent's file")
@@ -618,6 +618,98 @@ class Said(MetricsCase):
                              drop=os.geteuid() == 0)
         self.assertEqual(os.listdir(where), [])
 
+    def squatter_run(self, where, plant, written=None):
+        """A guarded program run as nobody in `where`, in which another user
+        (uid 65533) plants, before the program's first CUDA call, the files
+        plant(pid, name) names; (the process, its output, its journal)."""
+        script, shim, fake = self.world()
+        env = self.metrics_env(where)
+        env = dict(env, LD_PRELOAD=env["LD_PRELOAD"].replace(SHIM, shim),
+                   LD_LIBRARY_PATH=env["LD_LIBRARY_PATH"].replace(FAKE, fake))
+        run_dir = tempfile.mkdtemp(prefix="run-", dir=self.tmp)
+        os.chmod(run_dir, 0o777)
+        env["GPUGUARD_JOURNAL_DIR"] = run_dir
+
+        def as_nobody():
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+        proc = subprocess.Popen([script, "sleep:1500", "alloc:1G", "print:holding", "sleep:2500"],
+                                env=env, cwd=run_dir, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, preexec_fn=as_nobody)
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        name = f"gpuguard_{socket.gethostname()}_{proc.pid}_{instance_id(proc.pid)}.prom"
+        planted = plant(proc.pid, name)
+        for path, text in planted.items():
+            with open(path, "w") as f:
+                f.write(text)
+            os.chown(path, 65533, 65533)
+            os.chmod(path, 0o644)
+        if written is not None:  # the process's own file, while it holds its memory
+            path = os.path.join(where, name)
+            text = wait_for("its file", lambda: os.path.exists(path) and open(path).read(),
+                            timeout=30)
+            written.append(parse_exposition(text)[0])
+        out, err = proc.communicate(timeout=120)
+        journals = [n for n in os.listdir(run_dir) if n.endswith(".jsonl")]
+        self.assertEqual(len(journals), 1, err)
+        return proc, out, err, read_journal(os.path.join(run_dir, journals[0])), planted, name
+
+    def shared_dir(self):
+        where = os.path.join(self.tmp, "shared")
+        os.makedirs(where)
+        os.chmod(where, 0o1777)  # anyone may create files, as in /tmp
+        os.chmod(self.tmp, 0o755)
+        return where
+
+    def test_a_planted_file_at_its_name_is_never_served_as_its_own(self):
+        """Issue 32, defect 7: another user who computed the name plants the
+        file first, in a sticky directory others can write: the process
+        cannot replace it, says so once naming it and its owner, never
+        writes through it, and leaves it as it was."""
+        if os.geteuid() != 0:
+            self.skipTest("needs root to run as two other users (CI runs as root)")
+        where = self.shared_dir()
+        fake = 'gpuguard_memory_used_bytes{pid="1"} 12345\n'
+        proc, out, err, events, planted, name = self.squatter_run(
+            where, lambda pid, name: {os.path.join(where, name): fake})
+        self.assertEqual(proc.returncode, 0, err)
+        said = [l for l in err.splitlines() if "GPUGUARD_METRICS_DIR" in l]
+        self.assertEqual(len(said), 1, err)
+        self.assertIn(f"{name} belongs to uid 65533, not to this process, and cannot be replaced",
+                      said[0])
+        self.assertEqual([e["message"] for e in events if e["ev"] == "error"],
+                         [said[0][len("gpuguard: "):]])
+        with open(os.path.join(where, name)) as f:
+            self.assertEqual(f.read(), fake)          # never written through
+        self.assertEqual(os.listdir(where), [name])   # no temporary file left
+
+    def test_a_planted_temporary_name_does_not_stop_it(self):
+        """The temporary name is the process's own and unguessable: another
+        user who plants the names it could guess stops nothing, and those
+        files are left as they were."""
+        if os.geteuid() != 0:
+            self.skipTest("needs root to run as two other users (CI runs as root)")
+        where = self.shared_dir()
+        host = socket.gethostname()
+
+        def plant(pid, name):
+            return {os.path.join(where, f".gpuguard_{host}_{pid}.prom.tmp"): "x\n",
+                    os.path.join(where, f".{name}.tmp"): "x\n"}
+        seen = []
+        proc, out, err, events, planted, name = self.squatter_run(where, plant, seen)
+        (used,) = [x for x in seen[0] if x[0] == "gpuguard_memory_used_bytes"]
+        self.assertEqual(used[2], GiB)
+        self.assertEqual(proc.returncode, 0, err)
+        self.assertEqual([l for l in err.splitlines() if "GPUGUARD_METRICS_DIR" in l], [], err)
+        self.assertEqual([e for e in events if e["ev"] == "error"], [])
+        for path in planted:
+            with open(path) as f:
+                self.assertEqual(f.read(), "x\n")
+        # it wrote its file (and removed it at its clean exit): its journal
+        # says nothing was wrong; while it held its gigabyte the file was there
+        self.assertEqual(sorted(os.listdir(where)), sorted(os.path.basename(p) for p in planted))
+
     def test_a_bad_interval_is_one_line_naming_it(self):
         textfile = os.path.join(self.tmp, "textfile")
         os.makedirs(textfile)
@@ -631,6 +723,90 @@ class Said(MetricsCase):
         # and why the guard only observes: the variable, not a policy
         self.assertIn("gpuguard: GPU0: GPUGUARD_METRICS_INTERVAL is not valid (above); observing "
                       "only, nothing will be refused", self.shim_lines(run))
+
+
+def instance_id(pid):
+    """A process's instance_id as the shim makes it (docs/metrics.md): what
+    another user of the host can compute too, so that a squatter is tried
+    against the real name."""
+    def mix(h):
+        h ^= h >> 33
+        h = (h * 0xff51afd7ed558ccd) & (2**64 - 1)
+        h ^= h >> 33
+        h = (h * 0xc4ceb9fe1a85ec53) & (2**64 - 1)
+        return h ^ (h >> 33)
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    h = 0xcbf29ce484222325
+    for c in boot.encode():
+        h = ((h ^ c) * 0x100000001b3) & (2**64 - 1)
+    h = mix(h ^ os.stat(f"/proc/{pid}/ns/pid").st_ino)
+    with open(f"/proc/{pid}/stat") as f:
+        started = int(f.read().rsplit(")", 1)[1].split()[19])
+    h = mix(h ^ started)
+    return "%016x" % mix(h ^ pid)
+
+
+@unittest.skipUnless(NODE_EXPORTER and PROMETHEUS, NEEDS)
+class Containers(MetricsCase):
+    """Issue 32, defect 6: containers with host networking share the host's
+    name and each runs its job as pid 1."""
+
+    def test_one_host_name_and_pid_in_two_pid_namespaces_are_two_series(self):
+        if os.geteuid() != 0 or not shutil.which("unshare"):
+            self.skipTest("needs root and unshare(1) for PID and UTS namespaces (CI runs as root)")
+        textfile = os.path.join(self.tmp, "textfile")
+        os.makedirs(textfile)
+        node = NodeExporter(self, textfile, self.tmp)
+        prom = Prometheus(self, node.port, self.tmp)
+        procs = []
+        for hold, ms in (("1G", 20000), ("2G", 600000)):
+            # a PID namespace (the program is its pid 1) and a UTS one with
+            # the same host name, as two hostNetwork pods on one node
+            argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--uts", "--",
+                    "sh", "-c", 'hostname gpu-node-7 && exec "$0" "$@"', SCRIPT, "alloc:" + hold,
+                    "print:holding", "sleep:%d" % ms]
+            proc, _, lines = self.start(argv, self.metrics_env(textfile))
+            self.assertEqual(lines.until("holding"), "holding", proc.stderr)
+            procs.append(proc)
+
+        def both():
+            files = self.prom_files(textfile)
+            return files if len(files) == 2 else None
+        files = wait_for("two files", both, timeout=30)
+        for name in files:
+            self.assertRegex(name, r"^gpuguard_gpu-node-7_1_[0-9a-f]{16}\.prom$")
+        # each file holds its own process's figures, none the other's
+        held = {}
+        for name in files:
+            with open(os.path.join(textfile, name)) as f:
+                samples, _, _ = parse_exposition(f.read())
+            (used,) = [s for s in samples if s[0] == "gpuguard_memory_used_bytes"]
+            self.assertEqual((used[1]["pid"], used[1]["Hostname"]), ("1", "gpu-node-7"))
+            self.assertIn(used[1]["instance_id"], name)
+            held[used[1]["instance_id"]] = used[2]
+        self.assertEqual(sorted(held.values()), [GiB, 2 * GiB])
+        # two series in node_exporter and in Prometheus
+        samples, _, _ = node.scrape()
+        used = [s for s in samples if s[0] == "gpuguard_memory_used_bytes"]
+        self.assertEqual(len(used), 2)
+        self.assertEqual([s[2] for s in sorted(used, key=lambda s: s[2])], [GiB, 2 * GiB])
+
+        def scraped():
+            res = prom.query('gpuguard_memory_used_bytes{Hostname="gpu-node-7",pid="1"}')
+            return res if len(res) == 2 else None
+        res = wait_for("two series in Prometheus", scraped, timeout=60)
+        self.assertEqual(len({r["metric"]["instance_id"] for r in res}), 2)
+        # the first exits cleanly: its file goes, the other's stays, its own
+        procs[0].wait(60)
+        self.assertEqual(procs[0].returncode, 0, procs[0].stderr.read())
+        (left,) = self.prom_files(textfile)
+        with open(os.path.join(textfile, left)) as f:
+            samples, _, _ = parse_exposition(f.read())
+        (used,) = [s for s in samples if s[0] == "gpuguard_memory_used_bytes"]
+        self.assertEqual(used[2], 2 * GiB)
+        self.assertIn(used[1]["instance_id"], left)
+        procs[1].kill()
 
 
 def dashboard_exprs():
@@ -696,10 +872,10 @@ class Dashboard(unittest.TestCase):
         with open(DASHBOARD) as f:
             dash = json.load(f)
         variables = {v["name"] for v in dash["templating"]["list"]}
-        self.assertLessEqual({"datasource", "job", "rank"}, variables)
+        self.assertLessEqual({"datasource", "hpc_job", "rank"}, variables)
 
     def test_the_checker_sees_a_wrong_name(self):
-        self.assertEqual(metric_names('sum by (rank) (increase(gpuguard_x_total{job=~"$job"}'
+        self.assertEqual(metric_names('sum by (rank) (increase(gpuguard_x_total{hpc_job=~"$hpc_job"}'
                                       '[$__rate_interval])) / on(UUID) group_left() '
                                       "(DCGM_FI_DEV_FB_USED * 1048576) > 1e6"),
                          {"gpuguard_x_total", "DCGM_FI_DEV_FB_USED"})

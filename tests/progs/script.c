@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -859,6 +860,28 @@ __attribute__((always_inline)) static inline void run(char *cmd)
             printf("devused %d=%llu\n", dev, used(dev));
         else
             printf("devused: not the fake driver\n");
+    } else if (strcmp(cmd, "devhigh") == 0) {
+        /* the most the fake device ever held at once (every process sharing it) */
+        int dev = arg ? (int)need_int(arg) : current_device();
+        unsigned long long (*high)(int) =
+            (unsigned long long (*)(int))driver_sym("fakecuda_high_water");
+        if (high)
+            printf("devhigh %d=%llu\n", dev, high(dev));
+        else
+            printf("devhigh: not the fake driver\n");
+    } else if (strcmp(cmd, "until") == 0 && arg) {
+        /* wait (spinning) until the file ARG exists: processes that have
+         * started act at the moment a test creates it */
+        while (access(arg, F_OK) != 0)
+            sched_yield();
+    } else if (strcmp(cmd, "at") == 0 && arg) {
+        /* wait until the wall clock reaches ARG ns since the epoch: processes
+         * started apart act at the same moment */
+        long long at = need_int(arg);
+        struct timespec now;
+        do
+            clock_gettime(CLOCK_REALTIME, &now);
+        while ((long long)now.tv_sec * 1000000000LL + now.tv_nsec < at);
     } else if (strcmp(cmd, "meminfo1") == 0) {
         unsigned int f = 0, t = 0;
         cuMemGetInfo_v1_fn fn = (cuMemGetInfo_v1_fn)entry("cuMemGetInfo", 3000);

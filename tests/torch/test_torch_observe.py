@@ -21,8 +21,11 @@ headroom = 20 GiB
 class ObserveChangesNothing(TorchCase):
     def test_pytorch_reports_the_same(self):
         policy = self.write_policy("observe.ini", OBSERVE)
-        with_shim = self.torch("observe.py", policy=policy)
-        without = self.torch("observe.py", preload=False)
+        # the same simulated GPU for both runs, one after the other: its UUID
+        # is the shared state's (tests/fake/README.md)
+        gpu = {"FAKECUDA_STATE": self.sess.inside(os.path.join(self.tmp, "gpu.state"))}
+        with_shim = self.torch("observe.py", policy=policy, env=gpu)
+        without = self.torch("observe.py", preload=False, env=gpu)
         self.assertRan(with_shim)
         self.assertRan(without)
         seen, plain = with_shim.result("observed"), without.result("observed")

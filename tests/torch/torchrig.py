@@ -94,6 +94,13 @@ class Session:
         shutil.copytree(os.path.join(ROOT, "tools", "python", "gpuguard"),
                         os.path.join(self.host_dir, "python", "gpuguard"),
                         ignore=shutil.ignore_patterns("__pycache__"))
+        # gpuguard's site directory as installed (lib/../share/gpuguard/site):
+        # the library puts it on the path of the Pythons gpuguard-run starts
+        site = os.path.join(self.host_dir, "share", "gpuguard", "site")
+        os.makedirs(site)
+        shutil.copy2(os.path.join(ROOT, "tools", "python", "gpuguard", "_site", "sitecustomize.py"),
+                     site)
+        os.symlink("../../../python/gpuguard", os.path.join(site, "gpuguard"))
         shutil.copytree(os.path.join(HERE, "scripts"), os.path.join(self.host_dir, "scripts"),
                         ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copytree(os.path.join(ROOT, "policy"), os.path.join(self.host_dir, "policy"))

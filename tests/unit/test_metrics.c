@@ -1,9 +1,12 @@
 /* test_metrics.c - the metrics file (metrics.c): label values escaped as
  * the exposition format asks, every series of a used device and none of an
  * unused one, # HELP and # TYPE only for metrics with series, the file
- * written whole through a temporary name at mode 0644 whatever the umask,
- * never through a symbolic link, at its interval, removed at exit but not
- * by a forked child, and never left behind by a write racing the exit.
+ * written whole through a temporary name of its own at mode 0644 whatever
+ * the umask, never through a symbolic link, named and labelled with the
+ * process's instance id, a file another planted at its name replaced and
+ * said once, at its interval, removed at exit (only when it is the file
+ * this process put there) but not by a forked child, and never left behind
+ * by a write racing the exit.
  *
  *   test_metrics                     the tests
  *   test_metrics rewrite DIR N US    rewrite DIR's file N times, US
@@ -37,6 +40,10 @@
 
 static char dir[] = "/tmp/gg_metrics_XXXXXX";
 static char text[1 << 16];
+static char instance[24];
+/* The last of a process's labels: the job (SLURM_JOB_ID's), then the
+ * instance id, as the file has them. */
+static char LBL[160];
 
 static void setup_devices(void)
 {
@@ -125,8 +132,8 @@ static void test_render(void)
     snprintf(want, sizeof want,
              "\ngpuguard_memory_limit_bytes{gpu=\"0\",UUID=\"GPU-0123abcd-0000-4000-8000-"
              "00000000cafe\",modelName=\"NVIDIA \\\"Quoted\\\" GPU\",Hostname=\"host\\\"1\","
-             "pid=\"%d\",comm=\"trainer\",rank=\"3\",local_rank=\"\",job=\"job\\\\1\\n\"} %llu\n",
-             (int)getpid(), 22 * GiB);
+             "pid=\"%d\",comm=\"trainer\",rank=\"3\",local_rank=\"\",%s} %llu\n",
+             (int)getpid(), LBL, 22 * GiB);
     CHECK(strstr(text, want) != NULL);
     CHECK(strstr(text, "\n# HELP gpuguard_memory_limit_bytes The policy's limit") != NULL);
     CHECK(strstr(text, "\n# TYPE gpuguard_memory_limit_bytes gauge\n") != NULL);
@@ -134,27 +141,30 @@ static void test_render(void)
     CHECK(strstr(text, "} 2\n") != NULL);
     /* values from the counters */
     CHECK(strstr(text, "gpuguard_memory_used_bytes{gpu=\"0\"") != NULL);
-    snprintf(want, sizeof want, "job=\"job\\\\1\\n\"} %llu\n# HELP gpuguard_memory_peak_bytes",
+    snprintf(want, sizeof want, "%s} %llu\n# HELP gpuguard_memory_peak_bytes", LBL,
              3 * GiB);
     CHECK(strstr(text, want) != NULL);
-    snprintf(want, sizeof want, "job=\"job\\\\1\\n\"} %llu\n# HELP gpuguard_memory_limit_bytes",
+    snprintf(want, sizeof want, "%s} %llu\n# HELP gpuguard_memory_limit_bytes", LBL,
              (unsigned long long)peak);
     CHECK(strstr(text, want) != NULL);
-    snprintf(want, sizeof want, "job=\"job\\\\1\\n\"} %llu\n# HELP gpuguard_device_used_bytes",
+    snprintf(want, sizeof want, "%s} %llu\n# HELP gpuguard_device_used_bytes", LBL,
              21 * GiB); /* the near-miss line: limit - margin */
     CHECK(strstr(text, want) != NULL);
-    CHECK(strstr(text, "job=\"job\\\\1\\n\"} 1\n# HELP gpuguard_allocations_total") != NULL);
-    snprintf(want, sizeof want, "job=\"job\\\\1\\n\"} %llu\n# HELP gpuguard_forecast_step",
+    snprintf(want, sizeof want, "%s} 1\n# HELP gpuguard_allocations_total", LBL);
+    CHECK(strstr(text, want) != NULL);
+    snprintf(want, sizeof want, "%s} %llu\n# HELP gpuguard_forecast_step", LBL,
              (unsigned long long)step);
     CHECK(strstr(text, want) != NULL);
-    snprintf(want, sizeof want, "job=\"job\\\\1\\n\"} %llu\n# HELP gpuguard_forecast_peak_bytes",
+    snprintf(want, sizeof want, "%s} %llu\n# HELP gpuguard_forecast_peak_bytes", LBL,
              (unsigned long long)step + 1);
     CHECK(strstr(text, want) != NULL);
-    snprintf(want, sizeof want, "job=\"job\\\\1\\n\"} %llu\n# HELP gpuguard_leak_bytes_per_step",
+    snprintf(want, sizeof want, "%s} %llu\n# HELP gpuguard_leak_bytes_per_step", LBL,
              (unsigned long long)v.fc_bytes);
     CHECK(strstr(text, want) != NULL);
-    CHECK(strstr(text, "job=\"job\\\\1\\n\",reason=\"forecast\"} 1\n") != NULL);
-    CHECK(strstr(text, "job=\"job\\\\1\\n\",reason=\"oom\"} 0\n") != NULL);
+    snprintf(want, sizeof want, "%s,reason=\"forecast\"} 1\n", LBL);
+    CHECK(strstr(text, want) != NULL);
+    snprintf(want, sizeof want, "%s,reason=\"oom\"} 0\n", LBL);
+    CHECK(strstr(text, want) != NULL);
     /* a process-wide metric: the process's labels only */
     CHECK(strstr(text, "\ngpuguard_start_time_seconds{Hostname=\"host\\\"1\",pid=") != NULL);
     /* the unused device has no series; a metric without any has no help */
@@ -185,14 +195,17 @@ static void test_render(void)
     tv.largest_free = 512 * MiB;
     gg_torch_answer(&tv);
     CHECK(gg_metrics_render(text, sizeof text) > 0);
-    snprintf(want, sizeof want, "job=\"job\\\\1\\n\"} %llu\n# HELP gpuguard_torch_largest_free_bytes",
+    snprintf(want, sizeof want, "%s} %llu\n# HELP gpuguard_torch_largest_free_bytes", LBL,
              3 * GiB);
     CHECK(strstr(text, want) != NULL);
-    snprintf(want, sizeof want, "job=\"job\\\\1\\n\"} %llu\n", 512 * MiB);
+    snprintf(want, sizeof want, "%s} %llu\n", LBL, 512 * MiB);
     CHECK(strstr(strstr(text, "\ngpuguard_torch_largest_free_bytes{"), want) != NULL);
     CHECK(strstr(text, "\n# TYPE gpuguard_torch_unallocated_bytes gauge\n") != NULL);
     gg_torch_reset();
 }
+
+static void captured(void (*fn)(void *), void *arg, char *out, size_t cap);
+static void write_again(void *arg);
 
 static void test_atomic_write(void)
 {
@@ -201,7 +214,7 @@ static void test_atomic_write(void)
     setup_devices();
     struct gg_metrics_config c = config(dir, 15);
     CHECK(gg_metrics_open(&c));
-    snprintf(path, sizeof path, "%s/gpuguard_host_1_%d.prom", dir, (int)getpid());
+    snprintf(path, sizeof path, "%s/gpuguard_host_1_%d_%s.prom", dir, (int)getpid(), instance);
     CHECK_STR(gg_metrics_path(), path);
     mode_t old = umask(077);
     CHECK(gg_metrics_write());
@@ -210,24 +223,28 @@ static void test_atomic_write(void)
     CHECK(unit_slurp(path, text, sizeof text) > 0 && strstr(text, "# HELP gpuguard_") == text);
     /* the temporary file is gone: only the .prom is left */
     CHECK(listing(dir, names, sizeof names) == 1);
-    /* a temporary file a write cut short left behind is replaced */
-    char tmp[2048];
-    snprintf(tmp, sizeof tmp, "%s/.gpuguard_host_1_%d.prom.tmp", dir, (int)getpid());
-    FILE *f = fopen(tmp, "w");
-    fputs("half a fi", f);
-    fclose(f);
-    CHECK(gg_metrics_write());
-    CHECK(listing(dir, names, sizeof names) == 1);
-    /* a symbolic link at either name is never followed, only replaced */
+    /* a file at a name another could guess (the temporary name of old) is
+     * not this process's: left alone, never written through */
+    char planted[2048];
+    snprintf(planted, sizeof planted, "%s/.gpuguard_host_1_%d_%s.prom.tmp", dir, (int)getpid(),
+             instance);
     snprintf(victim, sizeof victim, "%s.victim", dir);
-    f = fopen(victim, "w");
+    FILE *f = fopen(victim, "w");
     fputs("precious\n", f);
     fclose(f);
-    CHECK(symlink(victim, tmp) == 0);
+    CHECK(symlink(victim, planted) == 0);
     CHECK(gg_metrics_write());
+    CHECK(listing(dir, names, sizeof names) == 2);
+    unit_slurp(victim, buf, sizeof buf);
+    CHECK_STR(buf, "precious\n");
+    unlink(planted);
+    /* a symbolic link at the file's name is never followed, only replaced
+     * (and said: this process did not put it there) */
     unlink(path);
     CHECK(symlink(victim, path) == 0);
-    CHECK(gg_metrics_write());
+    char said[4096];
+    captured(write_again, NULL, said, sizeof said);
+    CHECK(strstr(said, "a file this process did not write (uid 0), was in the way") != NULL);
     CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode));
     unit_slurp(victim, buf, sizeof buf);
     CHECK_STR(buf, "precious\n");
@@ -240,7 +257,33 @@ static void test_atomic_write(void)
     CHECK(listing(dir, names, sizeof names) == 0);
 }
 
-/* stderr into a file while fn runs: what the shim said. */
+/* The instance id: 16 hex digits, the same for the process whenever asked,
+ * and what the file and the labels carry. */
+static void test_instance(void)
+{
+    char again[24];
+    CHECK(strlen(instance) == 16 && strspn(instance, "0123456789abcdef") == 16);
+    gg_metrics_instance(again, sizeof again);
+    CHECK_STR(again, instance);
+    /* another process (a forked child: its pid and start time) has another */
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char child[24];
+        gg_metrics_instance(child, sizeof child);
+        _exit(write(fds[1], child, 17) == 17 ? 0 : 1);
+    }
+    char child[24] = "";
+    CHECK(read(fds[0], child, 17) == 17);
+    waitpid(pid, NULL, 0);
+    close(fds[0]);
+    close(fds[1]);
+    CHECK(strlen(child) == 16 && strcmp(child, instance) != 0);
+}
+
+/* stderr into a file while fn runs: what the shim said. *//* stderr into a file while fn runs: what the shim said. */
 static void captured(void (*fn)(void *), void *arg, char *out, size_t cap)
 {
     char path[64];
@@ -288,6 +331,59 @@ static void test_unusable_dir_is_said_once(void)
     CHECK(strstr(said, "No such file or directory") != NULL);
     CHECK(strchr(said, '\n') == said + strlen(said) - 1);
     gg_metrics_reset();
+}
+
+static void open_and_write(void *arg)
+{
+    struct gg_metrics_config c = config(arg, 15);
+    gg_metrics_open(&c);
+    gg_metrics_write();
+    gg_metrics_write();
+}
+
+static void write_again(void *arg)
+{
+    (void)arg;
+    gg_metrics_write();
+    gg_metrics_write();
+}
+
+/* A file at the name that this process did not write (another user planted
+ * it, guessing the name): replaced by this process's own, said once; and
+ * one put there after the last write is not this process's to remove. */
+static void test_a_planted_file_is_replaced_and_said_once(void)
+{
+    char path[2048], said[4096], names[1024];
+    setup_devices();
+    snprintf(path, sizeof path, "%s/gpuguard_host_1_%d_%s.prom", dir, (int)getpid(), instance);
+    FILE *f = fopen(path, "w");
+    fputs("gpuguard_memory_used_bytes{pid=\"1\"} 9e99\n", f);
+    fclose(f);
+    CHECK(chown(path, 65534, 65534) == 0 || geteuid() != 0);
+    captured(open_and_write, dir, said, sizeof said);
+    CHECK(strstr(said, "gpuguard: GPUGUARD_METRICS_DIR: ") == said);
+    CHECK(strstr(said, "a file this process did not write") != NULL);
+    CHECK(strstr(said, "replaced by this process's own (said once)") != NULL);
+    CHECK(strchr(said, '\n') == said + strlen(said) - 1); /* one line for two writes */
+    CHECK(unit_slurp(path, text, sizeof text) > 0 && strstr(text, "9e99") == NULL);
+    CHECK(strstr(text, "# HELP gpuguard_") == text);
+    /* planted again after the last write: the exit leaves it (not ours) */
+    unlink(path);
+    f = fopen(path, "w");
+    fputs("another's\n", f);
+    fclose(f);
+    gg_metrics_exit();
+    CHECK(listing(dir, names, sizeof names) == 1);
+    unit_slurp(path, text, sizeof text);
+    CHECK_STR(text, "another's\n");
+    unlink(path);
+    /* and a write that finds its own file in place says nothing */
+    setup_devices();
+    captured(open_and_write, dir, said, sizeof said);
+    captured(write_again, NULL, said, sizeof said);
+    CHECK_STR(said, "");
+    gg_metrics_exit();
+    CHECK(listing(dir, names, sizeof names) == 0);
 }
 
 static void test_interval(void)
@@ -397,10 +493,14 @@ int main(int argc, char **argv)
         perror("mkdtemp");
         return 1;
     }
+    gg_metrics_instance(instance, sizeof instance);
+    snprintf(LBL, sizeof LBL, "hpc_job=\"job\\\\1\\n\",instance_id=\"%s\"", instance);
     RUN(test_escape);
+    RUN(test_instance);
     RUN(test_render);
     RUN(test_atomic_write);
     RUN(test_unusable_dir_is_said_once);
+    RUN(test_a_planted_file_is_replaced_and_said_once);
     RUN(test_interval);
     RUN(test_forked_child_leaves_the_file);
     RUN(test_exit_racing_a_write);

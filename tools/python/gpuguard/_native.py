@@ -31,7 +31,10 @@ FUNCTIONS = ("gpuguard_stats", "gpuguard_advice", "gpuguard_ack",
 
 #: Functions of newer shims; an older shim without them is still the shim.
 OPTIONAL = ("gpuguard_step", "gpuguard_policy", "gpuguard_torch_attach",
-            "gpuguard_torch_detach", "gpuguard_torch_view", "gpuguard_backward")
+            "gpuguard_torch_detach", "gpuguard_torch_view", "gpuguard_backward",
+            "gpuguard_torch_raise")
+#: Called with the GIL held (it takes a reference to a Python object).
+_WITH_GIL = ("gpuguard_torch_raise",)
 
 
 class GpuguardStats(ctypes.Structure):
@@ -144,6 +147,7 @@ _SIGNATURES = {
     "gpuguard_torch_detach": (None, []),
     "gpuguard_torch_view": (None, [ctypes.POINTER(TorchView)]),
     "gpuguard_backward": (None, [ctypes.POINTER(PyFrame), ctypes.c_int, ctypes.c_char_p]),
+    "gpuguard_torch_raise": (None, [ctypes.py_object]),
 }
 
 STATS_FIELDS = tuple(name for name, _ in GpuguardStats._fields_)
@@ -171,6 +175,8 @@ class Native(object):
                 raise AttributeError(name)
             restype, argtypes = _SIGNATURES[name]
             try:
+                if name in _WITH_GIL and isinstance(fn, ctypes._CFuncPtr):
+                    fn = ctypes.PYFUNCTYPE(restype, *argtypes)(ctypes.cast(fn, ctypes.c_void_p).value)
                 fn.restype = restype
                 fn.argtypes = argtypes
             except (AttributeError, TypeError):

@@ -34,9 +34,13 @@ preloaded (``ctypes.CDLL(None)`` has its functions) it installs:
 It never raises into the program (every hook swallows its own errors),
 never changes what the program computes (it only reads PyTorch's allocator,
 and turns its allocation history on for one step and off again, unless the
-program had turned it on itself), never blocks (it holds no lock of its own
-while PyTorch runs) and never imports torch: ``install`` is handed the module
-the program imported. Standard library only.
+program had turned it on itself, before or meanwhile), never blocks (it holds
+no lock of its own while PyTorch runs) and never imports torch: ``install``
+is handed the module the program imported. What a signal handler raises
+while a hook works (a KeyboardInterrupt, a SIGTERM handler's SystemExit, any
+handler's exception) is the program's, never swallowed: a hook lets it
+through, and the view hands it back to the shim, which raises it into the
+program (``gpuguard_torch_raise``). Standard library only.
 """
 import atexit
 import functools
@@ -103,6 +107,52 @@ def _thin(n):
     return n <= OBSERVER_ALWAYS or (n & (n - 1)) == 0
 
 
+def _codes(handler, depth=0):
+    """The code objects a signal handler runs first: a function's, a bound
+    method's, a functools.partial's, a callable object's __call__."""
+    if depth > 4 or handler is None:
+        return ()
+    code = getattr(handler, "__code__", None)
+    if code is not None:
+        return (code,)
+    for attr in ("__func__", "func"):
+        inner = getattr(handler, attr, None)
+        if inner is not None:
+            return _codes(inner, depth + 1)
+    call = getattr(type(handler), "__call__", None)
+    return _codes(call, depth + 1) if getattr(call, "__code__", None) is not None else ()
+
+
+def _from_signal(e):
+    """Did a signal handler raise `e` while a hook worked? Python runs a
+    handler in the main thread at its next check between bytecodes, inside
+    whatever runs there: a KeyboardInterrupt (SIGINT's default handler) or a
+    SystemExit (sys.exit) never comes from the hooks' own work; any other
+    exception did when its traceback passes through a handler the program
+    installed. Then it is the program's, never swallowed."""
+    if isinstance(e, (KeyboardInterrupt, SystemExit)):
+        return True
+    try:
+        import signal
+        valid = signal.valid_signals() if hasattr(signal, "valid_signals") else range(1, signal.NSIG)
+        codes = set()
+        for sig in valid:
+            try:
+                h = signal.getsignal(sig)
+            except (ValueError, OSError, RuntimeError):
+                continue
+            if callable(h) and h is not signal.default_int_handler:
+                codes.update(_codes(h))
+        tb = e.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code in codes:
+                return True
+            tb = tb.tb_next
+    except Exception:
+        pass
+    return False
+
+
 def _utf8(text, limit):
     return str(text)[:limit].encode("utf-8", "replace")
 
@@ -116,6 +166,7 @@ class _Instrument(object):
         self.fn_backward = native.function("gpuguard_backward")
         self.fn_attach = native.function("gpuguard_torch_attach")
         self.fn_detach = native.function("gpuguard_torch_detach")
+        self.fn_raise = native.function("gpuguard_torch_raise")
         self.pkg = sys.modules.get(__package__)       # gpuguard: the helper's flag
         self.torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
         self.own_dir = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -155,6 +206,7 @@ class _Instrument(object):
         if register is not None and self.fn_step is not None:
             register(self._on_step)
         self._wrap_backward()
+        self._wrap_record()
         if self.fn_attach is not None:
             self._callback = _native.TORCH_FN(self._on_request)
             self.can_ask = bool(self.fn_attach(self._callback))
@@ -225,8 +277,9 @@ class _Instrument(object):
                 return  # another optimizer of the same iteration
             self.steps += 1
             self.fn_step(self.steps)
-        except Exception:
-            pass
+        except BaseException as e:
+            if _from_signal(e):
+                raise  # a signal handler's: the program's, as without gpuguard
 
     # --- backward ------------------------------------------------------------------
 
@@ -269,8 +322,9 @@ class _Instrument(object):
                 known = self._threads[id(thread)] = (thread, _utf8(thread.name, 63))
             self.backwards += 1
             self.fn_backward(arr, n, known[1])
-        except Exception:
-            pass
+        except BaseException as e:
+            if _from_signal(e):
+                raise
 
     def _site(self, frame):
         """A call site's frames (innermost first, PyTorch's and ours left
@@ -298,21 +352,37 @@ class _Instrument(object):
         """The shim's request, in the main thread with the GIL (a pending
         call): history on first, the view, history off last."""
         try:
-            r = req.contents
-            history, dev, seq, why, request = r.history, r.dev, r.seq, r.why, r.request
+            try:
+                r = req.contents
+                history, dev, seq, why, request = r.history, r.dev, r.seq, r.why, r.request
+            except Exception:
+                return
+            off_first = history < 0 and why == b"leak"  # a leak's view reads history off
+            for part in (history > 0 and self._history_on,
+                         off_first and self._history_off,
+                         dev >= 0 and why and not (why in (b"refused", b"oom") and self._in_observer())
+                         and (lambda: self._answer(dev, seq, request, why)),
+                         history < 0 and not off_first and self._history_off):
+                if part:
+                    try:
+                        part()  # each on its own: a backend without history still gets its view
+                    except BaseException as e:
+                        if _from_signal(e):
+                            raise
+        except BaseException as e:
+            # A signal handler raised it while the view was read (the shim
+            # blocks signals in this thread meanwhile, but one delivered to
+            # another thread has its handler run here all the same): the
+            # view is dropped, and the shim raises it into the program.
+            if _from_signal(e):
+                self._hand_back(e)
+
+    def _hand_back(self, e):
+        try:
+            if self.fn_raise is not None:
+                self.fn_raise(e)
         except Exception:
-            return
-        off_first = history < 0 and why == b"leak"  # a leak's view reads history off
-        for part in (history > 0 and self._history_on,
-                     off_first and self._history_off,
-                     dev >= 0 and why and not (why in (b"refused", b"oom") and self._in_observer())
-                     and (lambda: self._answer(dev, seq, request, why)),
-                     history < 0 and not off_first and self._history_off):
-            if part:
-                try:
-                    part()  # each on its own: a backend without history still gets its view
-                except Exception:
-                    pass
+            pass
 
     @staticmethod
     def _in_observer():
@@ -335,8 +405,9 @@ class _Instrument(object):
             self.ooms += 1
             if _thin(self.ooms):
                 self._answer(int(device), 0, int(alloc))
-        except Exception:
-            pass
+        except BaseException as e:
+            if _from_signal(e):
+                raise  # out of PyTorch's OOM path, in place of its OutOfMemoryError
 
     def _history_enabled(self):
         enabled = getattr(self.torch._C, "_cuda_isHistoryEnabled", None)
@@ -349,15 +420,43 @@ class _Instrument(object):
         if self._history_enabled():
             self.user_history = True  # the program's own: used, never turned off
             return
-        cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
-                                           max_entries=HISTORY_MAX_ENTRIES)
+        self._record(cuda)(enabled="all", context="alloc", stacks="python",
+                           max_entries=HISTORY_MAX_ENTRIES)
         self.history = True
         self.history_turns += 1
 
     def _history_off(self):
         if self.history:
             self.history = False
-            self.torch.cuda.memory._record_memory_history(enabled=None)
+            self._record(self.torch.cuda)(enabled=None)
+
+    def _record(self, cuda):
+        """PyTorch's own _record_memory_history, not the program's way to it."""
+        record = cuda.memory._record_memory_history
+        return getattr(record, "_gpuguard_original", record)
+
+    def _wrap_record(self):
+        """The program's own calls of _record_memory_history: history the
+        program turns on, even while the instrumentation has it on for a
+        forecast's step, is the program's from then on, never turned off
+        at the step's end; one it turns off is off."""
+        memory = getattr(getattr(self.torch, "cuda", None), "memory", None)
+        original = getattr(memory, "_record_memory_history", None)
+        if original is None or getattr(original, "_gpuguard_original", None) is not None:
+            return
+        inst = self
+
+        def _record_memory_history(*args, **kwargs):
+            try:
+                on = args[0] if args else kwargs.get("enabled", "all")
+                inst.user_history = on not in (None, False)
+                inst.history = False  # the program's now, whoever turned it on before
+            except Exception:
+                pass
+            return original(*args, **kwargs)
+        functools.update_wrapper(_record_memory_history, original)
+        _record_memory_history._gpuguard_original = original
+        memory._record_memory_history = _record_memory_history
 
     def _answer(self, dev, seq, request, why=None):
         cuda = self.torch.cuda

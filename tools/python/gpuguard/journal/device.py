@@ -51,10 +51,13 @@ class Device(object):
         self.modes = []                # (t, mode, why): what `auto` switched to
         self.modes_dropped = 0
         self.summary = None
+        self.uuid = None               # the GPU's UUID: journals that shared it merge by it
+        self.peers = 0                 # the most other guarded processes seen on it at once
+        self.peers_peak = None         # the most they held or claimed at once
 
     # What a device's entry says: the start's all of these, the summary's
     # the first of each.
-    START_TEXT = ("name", "cc", "policy", "mode")
+    START_TEXT = ("name", "cc", "policy", "mode", "uuid")
     START_NUMBERS = (("total", "total"), ("limit", "limit"), ("headroom", "headroom"),
                      ("near_miss", "near"))
     SUMMARY_TEXT = START_TEXT[:1]

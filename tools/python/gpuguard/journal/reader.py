@@ -241,6 +241,10 @@ class Journal(object):
         used = num(ev.get("used"))
         if used is not None and (d.max_used is None or used > d.max_used):
             d.max_used = used
+        peers = num(ev.get("peers"))  # a shared GPU: the other guarded processes' share
+        if peers and (d.peers_peak is None or peers > d.peers_peak):
+            d.peers_peak = peers
+            d.peers = max(d.peers, 1)
         if kind != "near_miss":
             d.phases.failed(used, num(ev.get("bytes")))
 
@@ -387,6 +391,10 @@ class Journal(object):
                 dv = self.device(as_int(d.get("dev")))
                 dv.update(d, Device.SUMMARY_TEXT, Device.SUMMARY_NUMBERS)
                 dv.summary = d
+                dv.peers = max(as_int(d.get("peers"), 0), dv.peers, 0)
+                peak = num(d.get("peers_peak"))
+                if peak is not None:
+                    dv.peers_peak = max(peak, dv.peers_peak or 0)
 
 
 def read_journals(paths, nframes=4, native=False):
@@ -432,6 +440,21 @@ def sections(journals):
     """(journal, device) pairs of the devices a process used, in report
     order: host, rank, pid, device."""
     return [(j, d) for j in journals for d in j.used_devices()]
+
+
+def shared_gpus(journals):
+    """The GPUs that several of the journals' processes used, by UUID (a
+    GPU's UUID names it on every host): [(uuid, [(journal, device)])], the
+    processes in report order; and, for the devices whose journals say other
+    guarded processes were on the GPU but whose journals were not given,
+    [(journal, device)]."""
+    by_uuid = OrderedDict()
+    for j, d in sections(journals):
+        if d.uuid:
+            by_uuid.setdefault(d.uuid, []).append((j, d))
+    shared = [(u, jd) for u, jd in by_uuid.items() if len(jd) > 1]
+    alone = [(j, d) for jd in by_uuid.values() if len(jd) == 1 for j, d in jd if d.peers]
+    return shared, alone
 
 
 def left_out(journals):

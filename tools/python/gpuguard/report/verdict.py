@@ -9,6 +9,7 @@ from collections import OrderedDict
 from ..journal.device import figures
 from ..journal.incidents import FAILURES
 from ..journal.pytorch import where_in
+from ..journal.reader import shared_gpus
 from ..journal.values import as_int, as_str, num
 from .formatting import fmt_about, fmt_bytes, fmt_count, fmt_pct, fmt_size, fmt_t, fmt_wall, plural
 from .torchtext import failure_sentence, forecast_tensors, leak_tensors, raised_lines
@@ -56,10 +57,14 @@ def failure_text(j, d, e):
     total = num(e.get("total"))
     total = d.total if total is None else total
     api = as_str(e.get("api"), "an allocation")
+    peers = num(e.get("peers"))
+    held = ", %s of it by this user's other guarded processes on the GPU" % fmt_bytes(peers) \
+        if peers else ""
     if kind == "refused":
         free = None if used is None or limit is None else max(limit - used, 0)
-        what = "refused %s of %s with %s free under the limit (device used %s, limit %s, total %s)" % (
-            api, fmt_bytes(b), fmt_bytes(free), fmt_bytes(used), fmt_bytes(limit), fmt_bytes(total))
+        what = "refused %s of %s with %s free under the limit (device used %s%s, limit %s, total %s)" % (
+            api, fmt_bytes(b), fmt_bytes(free), fmt_bytes(used), held, fmt_bytes(limit),
+            fmt_bytes(total))
     else:
         free = None if used is None or total is None else max(total - used, 0)
         what = "out of memory: %s of %s with %s free on the device (used %s of %s)" % (
@@ -131,6 +136,7 @@ def verdict(journals, secs):
         w = [max(len(r[i]) for r in rows) for i in range(3)]
         for r in rows:
             out.append("%-*s  %-*s  %-*s  %s" % (w[0], r[0], w[1], r[1], w[2], r[2], r[3]))
+    out += shared_lines(journals)
     if not aligned(journals) and len(journals) > 1:
         out.append("(not every journal has the start's wall clock: times are since each process's start)")
     for j in journals:
@@ -139,6 +145,25 @@ def verdict(journals, secs):
             more = sum(v[1] for v in j.errors.values()) - 1 + j.errors_dropped
             out.append("%s: error %s: %s%s" % (j.who, fmt_t(t), msg,
                                                " (and %s more)" % fmt_count(more) if more else ""))
+    return out
+
+
+def shared_lines(journals):
+    """Which processes shared a GPU (their journals merged by its UUID), and
+    devices whose journals say others were there, theirs not given."""
+    shared, alone = shared_gpus(journals)
+    out = []
+    for uuid, jd in shared:
+        d0 = jd[0][1]
+        out.append("%s (%s) was shared by %s: %s" % (
+            uuid, d0.name or "unknown device", plural(len(jd), "process", "processes"),
+            "; ".join("%s GPU%d peak %s" % (j.who, d.dev, fmt_bytes(figures(j, d)["peak"]))
+                      for j, d in jd)))
+    for j, d in alone:
+        out.append("%s %s shared its GPU with %s not in these journals (at most %s held or "
+                   "claimed)" % (j.who, d.label, plural(d.peers, "other guarded process",
+                                                        "other guarded processes"),
+                                 fmt_bytes(d.peers_peak)))
     return out
 
 

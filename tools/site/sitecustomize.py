@@ -1,0 +1,1 @@
+../python/gpuguard/_site/sitecustomize.py
