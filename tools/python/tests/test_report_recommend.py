@@ -357,8 +357,8 @@ class Recommend(Base):
         run = trainer([(8, 4, 2)])
         run.events = [e for e in run.events if e["ev"] != "batch"]
         out = self.report("--recommend", run.write(self.tmp))
-        self.assertIn("%s: no recommendation: no `batch` events: the trainer never told the guard "
-                      "its batch" % RTX, out)
+        self.assertIn("%s: no recommendation: no `batch` events and no step lines with a batch: "
+                      "the trainer never told the guard its batch" % RTX, out)
 
     def test_ranks_pool_per_gpu_model(self):
         # rank 0 and rank 1 on RTX 3090s: one point each, two together;

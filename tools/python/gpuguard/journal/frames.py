@@ -327,6 +327,12 @@ class View(object):
         self.backward = backward          # the backward site it is tied to, or None
 
     @property
+    def through_cache(self):
+        """Was it asked by PyTorch's caching allocator (a segment of its
+        cache, not a tensor)?"""
+        return any(e.kind == ALLOC for e in self.entries)
+
+    @property
     def in_backward(self):
         """Did autograd's threads allocate it (no Python frames)?"""
         return self.line[0][0] == "backward"

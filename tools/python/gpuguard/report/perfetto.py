@@ -49,7 +49,7 @@ def trace_report(journals):
                 if used is not None:
                     events.append({"name": "GPU%d device used" % dev, "ph": "C", "ts": ts(t),
                                    "pid": pid, "cat": "gpuguard", "args": {"bytes": used}})
-            for stepno, peak, live, t in d.step_series.points():
+            for stepno, peak, live, t in (p[:4] for p in d.step_series.points()):
                 for name, v in (("step peak", peak), ("step live", live)):
                     if v is not None:
                         events.append({"name": "GPU%d %s" % (dev, name), "ph": "C", "ts": ts(t),
