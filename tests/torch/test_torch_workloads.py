@@ -183,6 +183,12 @@ class Workloads(TorchCase):
                       "cache flush", v)
         self.assertIn("finished after ", v)
         self.assertRegex(v, r"\d+ OOMs? \((all )?recovered by a cache flush\)")
+        # --recommend on the finished run: one batch seen (its inputs'), no
+        # fit, and why; never a batch it finished "predicted not to fit"
+        rec = self.report(run, "--recommend")
+        self.assertIn("NVIDIA GeForce RTX 3090: no recommendation: 1 fitted point (16: ", rec)
+        self.assertIn("is not enough to fit", rec)
+        self.assertNotIn("predicted", rec)
 
     def test_an_uncaught_oom_and_killed_runs(self):
         # killed: a flat run slowed to let the shim's thread write as it goes

@@ -226,11 +226,15 @@ class Process(object):
     def note(self, t, text):
         self.events.append({"t": t, "ev": "note", "text": text})
 
-    def step(self, t, step, dev, peak, peak_used, live):
+    def step(self, t, step, dev, peak, peak_used, live, **inputs):
+        """inputs: issue 30's fields of the step's input and need (shape,
+        tokens, batch, needed, flushes)."""
         self.peak[dev] = max(self.peak.get(dev, 0), peak)
         self.peak_used[dev] = max(self.peak_used.get(dev, 0), peak_used)
-        self.events.append({"t": t, "ev": "step", "step": step, "dev": dev, "peak": peak,
-                            "peak_used": peak_used, "live": live})
+        e = {"t": t, "ev": "step", "step": step, "dev": dev, "peak": peak,
+             "peak_used": peak_used, "live": live}
+        e.update(inputs)
+        self.events.append(e)
 
     def batch(self, t, dev, batch, accum, peak, was=None):
         """was: (batch, accum) of the phase that ended, when the shim knew it."""
