@@ -136,6 +136,19 @@ def instrumentation(sess, policy, rounds, steps, warmup):
               "history on (a forecast's step)", low(off) * 1e3, low(on) * 1e3, added, allocs,
               added / allocs if allocs else float("nan"), statistics.median(off) * 1e3,
               statistics.median(on) * 1e3))
+    # each step's input and need (issue 30): the forward pre-hook armed at each
+    # boundary, PyTorch's peak counters read and reset, both told to the shim
+    off, on = [], []
+    for _ in range(rounds):
+        r = one_run(sess, policy, True, steps, warmup, gpuguard_run=["--no-torch"],
+                    extra=["--capture"]).result("times")
+        off += r["seconds"]
+        on += r["history"]
+    added = (low(on) - low(off)) * 1e6
+    print("  %-34s %7.3f ms off, %.3f ms on: %+.1f us a step, %.4fx  (10th percentiles; medians "
+          "%.3f, %.3f ms)" % ("each step's input and need", low(off) * 1e3, low(on) * 1e3, added,
+                              low(on) / low(off), statistics.median(off) * 1e3,
+                              statistics.median(on) * 1e3))
 
 
 if __name__ == "__main__":

@@ -131,6 +131,18 @@ void gpuguard_step(unsigned long long step);
 /* 0 and *out filled with device dev's policy, or -1: no such device, or
  * the guard is not active. */
 int gpuguard_policy(int dev, struct gpuguard_policy *out);
+/* The input of the step in progress, told before it allocates: its shape
+ * dims[0..ndims) (the first 8 kept) and which of them is the batch
+ * (batch_dim; -1: not known). Its elements are the step's tokens. Told
+ * several times in one step, the largest is the step's. */
+void gpuguard_step_shape(const long long *dims, int ndims, int batch_dim);
+/* What the step in progress's tensors held at its peak on device dev
+ * (PyTorch's allocated bytes at the step's peak), told before
+ * gpuguard_step ends the step. */
+void gpuguard_step_needed(int dev, unsigned long long bytes);
+/* The program is ending with an uncaught error (an exception's type and
+ * message): the summary carries it. */
+void gpuguard_uncaught(const char *what);
 
 /* PyTorch's instrumentation registers fn (gpuguard.torch_instrument): 1 when
  * the shim can ask it through the interpreter (Py_AddPendingCall found),
@@ -268,6 +280,42 @@ static inline void gpuguard_step(unsigned long long step)
     if (p) {
         memcpy(&fn, &p, sizeof fn);
         fn(step);
+    }
+}
+
+/* The input of the step in progress: its shape and batch dimension. */
+static inline void gpuguard_step_shape(const long long *dims, int ndims, int batch_dim)
+{
+    static void *slot;
+    void (*fn)(const long long *, int, int);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_step_shape");
+    if (p) {
+        memcpy(&fn, &p, sizeof fn);
+        fn(dims, ndims, batch_dim);
+    }
+}
+
+/* What the step in progress's tensors held at its peak on device dev. */
+static inline void gpuguard_step_needed(int dev, unsigned long long bytes)
+{
+    static void *slot;
+    void (*fn)(int, unsigned long long);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_step_needed");
+    if (p) {
+        memcpy(&fn, &p, sizeof fn);
+        fn(dev, bytes);
+    }
+}
+
+/* The program is ending with an uncaught error. */
+static inline void gpuguard_uncaught(const char *what)
+{
+    static void *slot;
+    void (*fn)(const char *);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_uncaught");
+    if (p) {
+        memcpy(&fn, &p, sizeof fn);
+        fn(what);
     }
 }
 

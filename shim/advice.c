@@ -20,6 +20,8 @@ static unsigned seq;
 static struct gg_advice pending;
 static bool has_pending;
 static bool disarmed;             /* a zone entry advised; waiting for the ack */
+static unsigned unheard_said;     /* zone kinds (a bit per reason) advised with no one
+                                     to hear them: said once each */
 /* Sequentially consistent against the shim's state, so a registration that
  * races the start is seen by one side or the other. */
 static _Atomic bool registered;
@@ -88,12 +90,14 @@ bool gg_advice_raise(int dev, enum gg_reason why, const struct gg_trainer_policy
     lock_take(&saved);
     /* A zone entry, or the trend saying one is coming: once per ack. */
     bool zone = why == GG_REASON_NEAR_MISS || why == GG_REASON_FORECAST;
-    if (zone && disarmed) {
+    if (zone && (p->heard ? disarmed : (unheard_said & (1u << why)) != 0)) {
         lock_drop(&saved);
         return false;
     }
-    int b = told ? batch : p->batch_size;
-    int a = told ? accum : p->grad_accum;
+    /* What the trainer said, else the batch the script is seen to run (its
+     * accumulation not known: 1), else the policy's. */
+    int b = told ? batch : p->seen_batch > 0 ? p->seen_batch : p->batch_size;
+    int a = told ? accum : p->seen_batch > 0 ? 1 : p->grad_accum;
     int nb, na;
     bool at_min;
     shrink(b, a, p->min_batch_size, &nb, &na, &at_min);
@@ -105,8 +109,10 @@ bool gg_advice_raise(int dev, enum gg_reason why, const struct gg_trainer_policy
     strcpy(out->reason, at_min ? "at_min" : reason_names[why]);
     pending = *out;
     has_pending = true;
-    if (zone)
+    if (zone && p->heard)
         disarmed = true;
+    else if (zone)
+        unheard_said |= 1u << why;
     lock_drop(&saved);
     return true;
 }

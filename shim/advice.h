@@ -1,7 +1,8 @@
 /* advice.h - layer 4: telling the trainer to shrink before the OOM
  * (docs/trainer.md, "Advice protocol").
  *
- * On a near-miss zone entry or a forecast of one (once per acknowledgement),
+ * On a near-miss zone entry or a forecast of one (once per acknowledgement;
+ * while no trainer can hear it, once per kind: nobody acknowledges),
  * on every refusal and every OOM, advise: batch -> max(min_batch_size, batch / 2), accumulation
  * raised so batch x accumulation never falls. The caller journals the
  * advice, then sends the signal, which goes only to a process that handles
@@ -22,6 +23,12 @@ enum gg_reason { GG_REASON_NEAR_MISS, GG_REASON_REFUSED, GG_REASON_OOM, GG_REASO
 struct gg_trainer_policy {
     int batch_size, grad_accum, min_batch_size; /* 0: not given */
     int signal;                                  /* 0: none */
+    int seen_batch;   /* the batch the script is seen to run (its input's batch
+                         dimension); 0: not known. Halved before the policy's
+                         batch_size, after what the trainer said. */
+    bool heard;       /* a trainer can hear it (registered, or a handler for the
+                         signal): zone entries and forecasts advise once per ack;
+                         unheard, once per kind (nobody will ack) */
 };
 
 /* A batch and its accumulation; {0, 0}: not known (never told). */

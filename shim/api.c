@@ -103,6 +103,31 @@ GG_EXPORT void gpuguard_step(unsigned long long step)
     gg_outside(was);
 }
 
+GG_EXPORT void gpuguard_step_shape(const long long *dims, int ndims, int batch_dim)
+{
+    int was = gg_inside();
+    if (gg_tracing())
+        gg_trace_shape(dims, ndims, batch_dim);
+    gg_life_shape(dims, ndims, batch_dim);
+    gg_outside(was);
+}
+
+GG_EXPORT void gpuguard_step_needed(int dev, unsigned long long bytes)
+{
+    int was = gg_inside();
+    if (gg_tracing())
+        gg_trace_api("needed", dev, (long long)bytes);
+    gg_life_needed(dev, bytes);
+    gg_outside(was);
+}
+
+GG_EXPORT void gpuguard_uncaught(const char *what)
+{
+    int was = gg_inside();
+    gg_life_uncaught(what);
+    gg_outside(was);
+}
+
 GG_EXPORT void gpuguard_note(const char *text)
 {
     if (text && gg_active()) {

@@ -22,6 +22,7 @@ static struct {
     _Atomic uint64_t count;
 } sites[SITES];
 static _Atomic uint64_t others; /* calls of sites that found no slot */
+static _Atomic uint64_t calls;  /* every call, thinned lines or not */
 
 /* The latest call, kept while its line is not written. */
 static struct latest {
@@ -114,6 +115,7 @@ void gg_backward_call(const struct gpuguard_pyframe *f, int n, const char *threa
         prctl(PR_GET_NAME, name, 0, 0, 0); /* 16 bytes at most, NUL included */
     uint64_t now = gg_now_ns(), step = 0;
     bool has_step = gg_torch_step(&step);
+    atomic_fetch_add_explicit(&calls, 1, memory_order_relaxed);
     uint64_t count = atomic_fetch_add(site_count(site_key(f, n), true), 1) + 1;
     bool write = gg_budget_thin(count);
     if (write) {
@@ -150,6 +152,11 @@ void gg_backward_flush(void)
         write_kept();
 }
 
+uint64_t gg_backward_calls(void)
+{
+    return atomic_load_explicit(&calls, memory_order_relaxed);
+}
+
 uint64_t gg_backward_count(const struct gpuguard_pyframe *f, int n)
 {
     if (n > GG_BACKWARD_FRAMES)
@@ -170,6 +177,7 @@ void gg_backward_reset(void)
         atomic_store(&sites[i].count, 0);
     }
     atomic_store(&others, 0);
+    atomic_store(&calls, 0);
     atomic_store(&unwritten, false);
     gg_spin_reset(&latest_lock);
 }

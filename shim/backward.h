@@ -32,6 +32,9 @@ void gg_backward_call(const struct gpuguard_pyframe *f, int n, const char *threa
  * thinned out, is written now. Cheap when there is nothing to write. */
 void gg_backward_flush(void);
 
+/* Calls so far, of every site (lines are thinned: this is not). */
+uint64_t gg_backward_calls(void);
+
 /* A call site's running count so far (tests); 0 when never seen. */
 uint64_t gg_backward_count(const struct gpuguard_pyframe *f, int n);
 

@@ -32,6 +32,7 @@ static const struct {
     [GG_LINE_MODE] = {"mode", 64, 6},
     [GG_LINE_TORCH] = {"torch", 64, 6},
     [GG_LINE_BACKWARD] = {"backward", 256, 6},
+    [GG_LINE_PEAK] = {"peak", 32, 6},
 };
 
 /* The theoretical arrival time of the next line (GCRA): a line may go when

@@ -37,6 +37,7 @@ enum gg_line {
     GG_LINE_MODE,
     GG_LINE_TORCH,
     GG_LINE_BACKWARD,
+    GG_LINE_PEAK,
     GG_LINES,
     GG_LINE_ALWAYS = GG_LINES /* never limited */
 };

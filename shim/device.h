@@ -72,6 +72,7 @@ struct gg_device {
     _Atomic int peers_most;            /* the most other members seen at once */
     /* Incidents and events: written rarely. */
     _Alignas(64) _Atomic uint64_t near_misses, refusals, ooms, unknown_frees;
+    _Atomic uint64_t refusals_recovered, ooms_recovered; /* the caller's retry worked (retry.h) */
     _Atomic uint64_t sample_current;   /* `current` when it last moved by a sample step */
     /* The extremes of those moves since the last timeline tick (react.c):
      * the highest, and the lowest as its complement (0: none), and when. */

@@ -2,6 +2,7 @@
  * their schema, events.def. */
 #include "events.h"
 
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -239,14 +240,29 @@ static const enum gg_event incident_event[] = {
     [GG_INCIDENT_NEAR_MISS] = EV(near_miss), [GG_INCIDENT_REFUSED] = EV(refused),
     [GG_INCIDENT_OOM] = EV(oom)};
 
-void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v)
+/* A step's input as [dims...] and its tokens. */
+static void shape_fields(struct gg_json *j, const char *shape_key, const char *tokens_key,
+                         const struct gg_shape *in)
+{
+    gg_json_key(j, shape_key);
+    gg_json_arr(j);
+    for (int i = 0; i < in->ndims && i < GG_SHAPE_DIMS; i++)
+        gg_json_i64(j, in->dims[i]);
+    gg_json_arr_end(j);
+    gg_json_ku64(j, tokens_key, in->tokens);
+}
+
+void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v,
+                        const struct gg_incident_facts *f)
 {
     const struct gg_device *d = gg_device(c->dev);
-    if (!d || v->incident == GG_INCIDENT_NONE)
+    if (!d || v->incident == GG_INCIDENT_NONE || !f)
         return;
     struct gg_json j;
-    if (!begin(&j, 4096, incident_event[v->incident]))
+    enum gg_event ev = incident_event[v->incident];
+    if (!gg_budget_take(event_info[ev].budget))
         return;
+    open_line(&j, gg_side_push(4096), 4096, ev, gg_clock_at(f->ns)); /* the moment's t */
     gg_json_ki64(&j, F(incident, dev), c->dev);
     gg_json_kstr(&j, F(incident, api), c->api_name);
     gg_json_ku64(&j, F(incident, bytes), c->bytes);
@@ -266,12 +282,25 @@ void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v)
         gg_json_null(&j);
     if (c->pool) /* a pool's request: what the device grew by, beside what was asked */
         gg_json_ku64(&j, F(incident, grows), c->grows);
-    /* the process's bytes on the device (its pools' whole reservations), and
-     * what it has handed out of them, PyTorch's reserved beside allocated */
-    uint64_t cur = atomic_load(&d->current), pr = atomic_load(&d->pool_reserved),
-             pu = atomic_load(&d->pool_used);
-    gg_json_ku64(&j, F(incident, reserved), cur);
-    gg_json_ku64(&j, F(incident, allocated), cur - pr + pu);
+    /* the process's bytes on the device at the moment (its pools' whole
+     * reservations), and what it had handed out of them */
+    gg_json_ku64(&j, F(incident, reserved), f->reserved);
+    gg_json_ku64(&j, F(incident, allocated), f->allocated);
+    if (f->step1)
+        gg_json_ku64(&j, F(incident, step), f->step1 - 1);
+    if (f->input && f->input->ndims > 0)
+        shape_fields(&j, F(incident, shape), F(incident, tokens), f->input);
+    if (f->failure) {
+        gg_json_key(&j, F(incident, recovered));
+        if (f->recovered < 0)
+            gg_json_null(&j);
+        else
+            gg_json_bool(&j, f->recovered != 0);
+        gg_json_kbool(&j, F(incident, retried), f->retried);
+        gg_json_ku64(&j, F(incident, freed), f->freed);
+        gg_json_ku64(&j, F(incident, freed_count), f->freed_count);
+        gg_json_ku64(&j, F(incident, freed_largest), f->freed_largest);
+    }
     gg_json_key(&j, F(incident, stack));
     gg_events_stack(&j, c->site);
     python_frames(&j, c->site, F(incident, pystack), F(incident, thread));
@@ -280,7 +309,8 @@ void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v)
     end(&j);
 }
 
-void gg_events_advice(const struct gg_advice *a, bool signaled, const struct gg_step_verdict *fc)
+void gg_events_advice(const struct gg_advice *a, bool signaled, bool heard,
+                      const struct gg_step_verdict *fc)
 {
     struct gg_json j;
     if (!begin(&j, 512, EV(advice)))
@@ -291,6 +321,7 @@ void gg_events_advice(const struct gg_advice *a, bool signaled, const struct gg_
     gg_json_ki64(&j, F(advice, grad_accum), a->grad_accum);
     gg_json_kstr(&j, F(advice, reason), a->reason);
     gg_json_kbool(&j, F(advice, signaled), signaled);
+    gg_json_kbool(&j, F(advice, heard), heard);
     if (fc) {
         gg_json_key(&j, F(advice, forecast));
         gg_json_obj(&j);
@@ -304,13 +335,23 @@ void gg_events_advice(const struct gg_advice *a, bool signaled, const struct gg_
 void gg_events_step(int dev, uint64_t step, const struct gg_step_verdict *v)
 {
     struct gg_json j;
-    if (!begin(&j, 256, EV(step)))
+    if (!begin(&j, 512, EV(step)))
         return;
     gg_json_ku64(&j, F(step, step), step);
     gg_json_ki64(&j, F(step, dev), dev);
     gg_json_ku64(&j, F(step, peak), v->w.peak);
     gg_json_ku64(&j, F(step, peak_used), v->w.peak_used);
     gg_json_ku64(&j, F(step, live), v->w.live);
+    if (v->flushes)
+        gg_json_ku64(&j, F(step, flushes), v->flushes);
+    if (v->input.ndims > 0) {
+        shape_fields(&j, F(step, shape), F(step, tokens), &v->input);
+        int b = gg_shape_batch(&v->input);
+        if (b > 0)
+            gg_json_ki64(&j, F(step, batch), b);
+    }
+    if (v->has_needed)
+        gg_json_ku64(&j, F(step, needed), v->needed);
     end(&j);
 }
 
@@ -323,6 +364,8 @@ void gg_events_leak(int dev, uint64_t step, const struct gg_step_verdict *v)
     gg_json_ku64(&j, F(leak, since_step), v->since_step);
     gg_json_ku64(&j, F(leak, step), step);
     gg_json_ku64(&j, F(leak, rate), v->rate);
+    gg_json_kbool(&j, F(leak, confirmed), v->confirmed);
+    gg_json_ku64(&j, F(leak, live_rate), v->confirmed ? v->live_rate : v->rate);
     gg_json_ku64(&j, F(leak, live), v->w.live);
     gg_json_key(&j, F(leak, projected_step));
     if (v->projected_step)
@@ -465,6 +508,13 @@ void gg_events_torch(const struct gg_torch_event *e)
         gg_json_key(&j, F(torch, raised));
         gg_json_bool(&j, true);
     }
+    gg_json_key(&j, F(torch, asked));
+    if (e->asked_ns)
+        gg_json_f64(&j, gg_clock_at(e->asked_ns));
+    else
+        gg_json_null(&j);
+    if (e->has_kept)
+        gg_json_ku64(&j, F(torch, kept), e->kept);
     static const char *const classes[4] = {"small", "large", "huge", "expandable"};
     gg_json_key(&j, F(torch, segments));
     gg_json_obj(&j);
@@ -571,13 +621,19 @@ void gg_events_error(const char *fmt, ...)
     end(&j);
 }
 
+/* The keys of a list of sites at the peak (the summary's, a `peak` line's). */
+struct site_keys {
+    const char *stack, *pystack, *thread, *bytes, *allocs;
+};
+
 /* What no listed site holds (allocations made without a stack, or below
  * the largest listed) is one entry with an empty stack, in its place by
- * size. */
-static void peak_sites(struct gg_json *j, int dev, uint64_t peak)
+ * size. At most max sites. */
+static void peak_sites(struct gg_json *j, int dev, uint64_t peak, size_t max,
+                       const struct site_keys *key)
 {
     struct gg_site_usage top[32];
-    size_t n = gg_guard_peak_sites(dev, top, 32);
+    size_t n = gg_guard_peak_sites(dev, top, max < 32 ? max : 32);
     uint64_t attributed = 0;
     for (size_t k = 0; k < n; k++)
         attributed += top[k].bytes;
@@ -586,14 +642,14 @@ static void peak_sites(struct gg_json *j, int dev, uint64_t peak)
     for (size_t k = 0; k <= n; k++) {
         if (rest && (k == n || top[k].bytes < rest)) {
             gg_json_obj(j);
-            gg_json_key(j, F(summary, site_stack));
+            gg_json_key(j, key->stack);
             gg_json_arr(j);
             gg_json_arr_end(j);
-            gg_json_key(j, F(summary, site_pystack));
+            gg_json_key(j, key->pystack);
             gg_json_arr(j);
             gg_json_arr_end(j);
-            gg_json_ku64(j, F(summary, site_bytes), rest);
-            gg_json_key(j, F(summary, site_allocs));
+            gg_json_ku64(j, key->bytes, rest);
+            gg_json_key(j, key->allocs);
             gg_json_null(j);
             gg_json_obj_end(j);
             rest = 0;
@@ -601,14 +657,35 @@ static void peak_sites(struct gg_json *j, int dev, uint64_t peak)
         if (k == n)
             break;
         gg_json_obj(j);
-        gg_json_key(j, F(summary, site_stack));
+        gg_json_key(j, key->stack);
         gg_events_stack(j, top[k].site);
-        python_frames(j, top[k].site, F(summary, site_pystack), F(summary, site_thread));
-        gg_json_ku64(j, F(summary, site_bytes), top[k].bytes);
-        gg_json_ku64(j, F(summary, site_allocs), top[k].allocs);
+        python_frames(j, top[k].site, key->pystack, key->thread);
+        gg_json_ku64(j, key->bytes, top[k].bytes);
+        gg_json_ku64(j, key->allocs, top[k].allocs);
         gg_json_obj_end(j);
     }
     gg_json_arr_end(j);
+}
+
+void gg_events_peak(int dev, uint64_t peak, uint64_t peak_used, uint64_t step1)
+{
+    const struct site_keys keys = {F(peak, site_stack), F(peak, site_pystack),
+                                   F(peak, site_thread), F(peak, site_bytes),
+                                   F(peak, site_allocs)};
+    struct gg_json j;
+    if (!begin(&j, 16384, EV(peak)))
+        return;
+    gg_json_ki64(&j, F(peak, dev), dev);
+    gg_json_ku64(&j, F(peak, peak), peak);
+    gg_json_ku64(&j, F(peak, peak_used), peak_used);
+    gg_json_key(&j, F(peak, step));
+    if (step1)
+        gg_json_u64(&j, step1 - 1);
+    else
+        gg_json_null(&j);
+    gg_json_key(&j, F(peak, sites));
+    peak_sites(&j, dev, peak, 16, &keys);
+    end(&j);
 }
 
 /* {kind: lines not written} for the kinds with any; since `base` (the
@@ -644,7 +721,42 @@ bool gg_events_suppressed(uint64_t *base)
     return true;
 }
 
-void gg_events_summary(double duration, bool with_stacks)
+static const char *signal_name(int sig)
+{
+    switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGHUP: return "SIGHUP";
+    default: return "signal";
+    }
+}
+
+void gg_events_killed(int sig)
+{
+    char buf[256];
+    struct gg_json j;
+    open_line(&j, buf, sizeof buf, EV(killed), gg_clock_since_start());
+    gg_json_kstr(&j, F(killed, signal), signal_name(sig));
+    uint64_t step = 0;
+    bool any = false;
+    for (int i = 0; i < gg_device_count; i++) {
+        struct gg_steps_now now;
+        gg_steps_now(i, &now);
+        if (now.steps && (!any || now.step > step))
+            step = now.step, any = true;
+    }
+    gg_json_key(&j, F(killed, step));
+    if (any)
+        gg_json_u64(&j, step);
+    else
+        gg_json_null(&j);
+    gg_json_obj_end(&j);
+    gg_json_raw_newline(&j);
+    if (!j.failed)
+        gg_journal_write(j.buf, j.len);
+}
+
+void gg_events_summary(double duration, bool with_stacks, const struct gg_exit *how)
 {
     struct gg_json j;
     if (!begin(&j, 16384, EV(summary)))
@@ -656,6 +768,14 @@ void gg_events_summary(double duration, bool with_stacks)
     gg_json_ku64(&j, F(summary, lost_lines), gg_journal_lost()); /* lines the journal could not take */
     if (!with_stacks)
         gg_json_kstr(&j, F(summary, partial), "exit interrupted the shim: stacks and sites left out");
+    gg_json_ku64(&j, F(summary, backward_calls), how ? how->backward_calls : 0);
+    gg_json_key(&j, F(summary, status));
+    if (how && how->has_status)
+        gg_json_i64(&j, how->status);
+    else
+        gg_json_null(&j);
+    if (how && how->uncaught)
+        gg_json_kstr(&j, F(summary, uncaught), how->uncaught);
     gg_json_key(&j, F(summary, devices));
     gg_json_arr(&j);
     for (int i = 0; i < gg_device_count; i++) {
@@ -674,8 +794,22 @@ void gg_events_summary(double duration, bool with_stacks)
         gg_json_ku64(&j, F(summary, near_misses), atomic_load(&d->near_misses));
         gg_json_ku64(&j, F(summary, refusals), atomic_load(&d->refusals));
         gg_json_ku64(&j, F(summary, ooms), atomic_load(&d->ooms));
+        gg_json_ku64(&j, F(summary, ooms_recovered), atomic_load(&d->ooms_recovered));
+        gg_json_ku64(&j, F(summary, refusals_recovered), atomic_load(&d->refusals_recovered));
         gg_json_ku64(&j, F(summary, live_bytes), atomic_load(&d->current));
         gg_json_ku64(&j, F(summary, live_allocs), allocs - frees);
+        struct gg_steps_now now;
+        gg_steps_now(i, &now);
+        gg_json_key(&j, F(summary, step));
+        if (now.steps)
+            gg_json_u64(&j, now.step);
+        else
+            gg_json_null(&j);
+        gg_json_ku64(&j, F(summary, steps), now.steps);
+        gg_json_ku64(&j, F(summary, flush_steps), now.flush_steps);
+        gg_json_ku64(&j, F(summary, advice), how && i < GG_MAX_DEVICES ? how->advice[i] : 0);
+        gg_json_ku64(&j, F(summary, advice_unheard),
+                     how && i < GG_MAX_DEVICES ? how->unheard[i] : 0);
         /* Stream-ordered pools: the process's bytes on the device (reserved)
          * beside what it has handed out (allocated); what its pools hold, of
          * it handed out, and the most they held. */
@@ -698,7 +832,10 @@ void gg_events_summary(double duration, bool with_stacks)
         python_frames(&j, at_peak, F(summary, peak_pystack), F(summary, peak_thread));
         gg_json_key(&j, F(summary, peak_sites));
         if (with_stacks) {
-            peak_sites(&j, i, peak);
+            const struct site_keys keys = {
+                F(summary, site_stack), F(summary, site_pystack), F(summary, site_thread),
+                F(summary, site_bytes), F(summary, site_allocs)};
+            peak_sites(&j, i, peak, 32, &keys);
         } else {
             gg_json_arr(&j);
             gg_json_arr_end(&j);

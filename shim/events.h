@@ -14,16 +14,30 @@
 #include "guard.h"
 #include "json.h"
 #include "settings.h"
+#include "steps.h"
 
 /* start: the process and its devices. */
 void gg_events_start(const char *comm, const char *host, long rank);
 /* mode: device dev switched (auto -> enforce). */
 void gg_events_mode(int dev, const char *mode, const char *why);
-/* near_miss, refused or oom, from a verdict. */
-void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v);
+/* near_miss, refused or oom, from a verdict, with the moment's facts (the
+ * line is written when a failure's outcome is known: retry.h). */
+struct gg_incident_facts {
+    uint64_t ns;               /* the moment (gg_now_ns) */
+    uint64_t reserved, allocated; /* the process's bytes then; of them handed out */
+    uint64_t step1;            /* the step in progress + 1; 0: none yet */
+    const struct gg_shape *input; /* its input, or NULL */
+    bool failure;              /* a refusal or OOM: its outcome follows */
+    int recovered;             /* 1, 0, or -1 (null: not known) */
+    bool retried;
+    uint64_t freed, freed_count, freed_largest;
+};
+void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v,
+                        const struct gg_incident_facts *f);
 /* advice; fc (may be NULL): a forecast's step and predicted bytes. */
 struct gg_step_verdict;
-void gg_events_advice(const struct gg_advice *a, bool signaled, const struct gg_step_verdict *fc);
+void gg_events_advice(const struct gg_advice *a, bool signaled, bool heard,
+                      const struct gg_step_verdict *fc);
 /* step: what step `step` saw on device dev. */
 void gg_events_step(int dev, uint64_t step, const struct gg_step_verdict *v);
 /* leak: live bytes at the boundaries grow steadily on device dev. */
@@ -64,6 +78,9 @@ struct gg_torch_event {
     bool has_request;
     uint64_t request;
     int fits;                 /* fits_unfragmented: 1, 0, or -1 (null) */
+    uint64_t asked_ns;        /* the moment the view was asked about; 0: the observer's */
+    bool has_kept;
+    uint64_t kept;            /* a leak check's: what one step allocated and kept */
     bool raised;              /* PyTorch's OOM observer answered: it raised OutOfMemoryError */
     uint64_t segments[4];     /* small, large, huge, expandable */
     bool history;             /* tensors[ntensors] follow */
@@ -86,10 +103,24 @@ void gg_events_sample(int dev, uint64_t current, uint64_t used, double t);
 void gg_events_note(const char *text);
 /* error: a configuration or internal problem, also said on stderr. */
 void gg_events_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* summary: at exit. */
-/* summary; with_stacks false: counters only (an exit that interrupted the
- * shim on its own thread: `partial` says so). */
-void gg_events_summary(double duration, bool with_stacks);
+/* summary: at exit; with_stacks false: counters only (an exit that
+ * interrupted the shim on its own thread: `partial` says so); how: the
+ * exit status and the uncaught error, where known. */
+struct gg_exit {
+    bool has_status;
+    int status;
+    const char *uncaught;     /* NULL: none said */
+    uint64_t backward_calls;  /* every .backward() told */
+    uint64_t advice[GG_MAX_DEVICES], unheard[GG_MAX_DEVICES]; /* advice heard / not */
+};
+void gg_events_summary(double duration, bool with_stacks, const struct gg_exit *how);
+/* peak: device dev's peak so far and the sites that held it (step1: the
+ * step in progress + 1, 0: none), for a post-mortem of a process killed
+ * before its summary. */
+void gg_events_peak(int dev, uint64_t peak, uint64_t peak_used, uint64_t step1);
+/* killed: the process dies of signal sig (its default action), now. Safe
+ * in a signal handler: no lock, no allocation. */
+void gg_events_killed(int sig);
 /* suppressed: lines the budgets left out (budget.h) since the counts in
  * base[GG_LINES], and in all; base is then updated. False (nothing
  * written) when none were left out since. */

@@ -34,6 +34,11 @@ static inline void capture(const struct gg_device *d, struct gg_call *c)
     c->site = gg_stack_capture(c->dev, d->depth);
 }
 
+GG_TLS bool gg_guard_retrying;
+GG_TLS int gg_guard_retry_dev;
+GG_TLS uint64_t gg_guard_retry_bytes;
+GG_TLS const char *gg_guard_retry_api;
+
 static inline void clear(struct gg_verdict *v)
 {
     v->peers = 0;
@@ -42,6 +47,18 @@ static inline void clear(struct gg_verdict *v)
     v->over_limit = false;
     v->spared = false;
     v->sample = false;
+    v->retry = false;
+    v->settle = false;
+    v->freed = 0;
+}
+
+/* Is this failure the retry of this thread's failed request (the same
+ * request, after its caller freed what it could)? Then it is that request
+ * still, not another failure to count. */
+static inline bool is_retry(const struct gg_call *c)
+{
+    return gg_unlikely(gg_guard_retrying) &&
+           gg_guard_same_request(gg_guard_retry_dev, gg_guard_retry_bytes, gg_guard_retry_api, c);
 }
 
 /* The process's use moved by 1% of the device since the last move: kept
@@ -237,6 +254,12 @@ static GG_COLD void pool_recheck(struct gg_call *c)
 static GG_COLD void refuse(struct gg_device *d, struct gg_call *c, struct gg_verdict *v,
                            uint64_t used)
 {
+    if (is_retry(c)) { /* refused again: the same request */
+        v->incident = GG_INCIDENT_REFUSED;
+        v->retry = true;
+        v->used = used;
+        return;
+    }
     atomic_fetch_add_explicit(&d->refusals, 1, memory_order_relaxed);
     if (c->site == GG_SITE_NONE && want_stack(d, true))
         capture(d, c);
@@ -541,6 +564,8 @@ void gg_guard_allocated(struct gg_call *c, uintptr_t key, struct gg_verdict *v)
     if (gg_unlikely(peak) && d->stacks != GG_STACKS_OFF)
         new_peak(d, c, cur);
     sample_check(d, cur, v);
+    if (gg_unlikely(gg_guard_retrying))
+        v->settle = true;
 }
 
 void gg_guard_failed(struct gg_call *c, bool oom, struct gg_verdict *v)
@@ -550,6 +575,12 @@ void gg_guard_failed(struct gg_call *c, bool oom, struct gg_verdict *v)
         decided(d, c);
     if (!d || d->mode == GG_MODE_OFF || !oom)
         return;
+    if (is_retry(c)) { /* failed again: the same request */
+        v->incident = GG_INCIDENT_OOM;
+        v->retry = true;
+        v->used = reading(d, c->dev, false);
+        return;
+    }
     atomic_fetch_add_explicit(&d->ooms, 1, memory_order_relaxed);
     if (c->site == GG_SITE_NONE && want_stack(d, true))
         capture(d, c);
@@ -566,6 +597,8 @@ bool gg_guard_release(uintptr_t key, struct gg_entry *out, uint32_t *ticket,
     struct gg_device *d = gg_device(out->dev);
     if (d)
         sample_check(d, account_free(d, out), v);
+    if (gg_unlikely(gg_guard_retrying))
+        v->freed = out->size;
     return true;
 }
 
@@ -618,8 +651,11 @@ void gg_guard_unmapped(uintptr_t va, uint64_t size, struct gg_verdict *v)
     /* An unmap may cover several mappings, back to back. */
     for (uint64_t done = 0; done < size && gg_maps_take(va + done, &m); done += m.size) {
         struct gg_device *d;
-        if (gg_ledger_map(m.key, -1, &gone) && (d = gg_device(gone.dev)))
+        if (gg_ledger_map(m.key, -1, &gone) && (d = gg_device(gone.dev))) {
             sample_check(d, account_free(d, &gone), v);
+            if (gg_unlikely(gg_guard_retrying))
+                v->freed += gone.size;
+        }
         if (!m.size)
             break;
     }
@@ -634,6 +670,9 @@ bool gg_guard_release_handle(uintptr_t key, struct gg_verdict *v)
         struct gg_device *d = gg_device(e.dev);
         if (d)
             sample_check(d, account_free(d, &e), v);
+        /* A handle never mapped is a growth taken back, not cache freed. */
+        if (gg_unlikely(gg_guard_retrying) && (e.flags & GG_ENTRY_MAPPED))
+            v->freed = e.size;
         return true;
     }
     case GG_LEDGER_KEPT: /* still mapped: the memory lives until the unmap */

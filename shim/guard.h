@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "ledger.h"
+#include "prim.h"
 #include "sites.h"
 
 /* May a call be refused (docs/how-it-works.md,
@@ -60,11 +61,34 @@ struct gg_verdict {
     uint64_t current;    /* the process's bytes after the call */
     uint64_t peers;      /* a shared GPU: what the other guarded processes held or had
                             claimed at the decision (in `used`) */
+    /* A failure waits on this thread for its retry (retry.h): */
+    bool retry;          /* this failure is its retry: the same request, not counted again */
+    bool settle;         /* this allocation worked: the failure's episode closes */
+    uint64_t freed;      /* bytes this free released (a VMM handle never mapped aside):
+                            the caller's cache flush */
 };
 
 static inline bool gg_verdict_any(const struct gg_verdict *v)
 {
-    return v->incident != GG_INCIDENT_NONE || v->sample;
+    return v->incident != GG_INCIDENT_NONE || v->sample || v->settle || v->freed;
+}
+
+/* This thread's failure waiting for its retry, when there is one (set by
+ * retry.h): the guard marks what the thread does next (a retry of the same
+ * request, an allocation that worked, what a free released). */
+extern GG_TLS bool gg_guard_retrying;
+extern GG_TLS int gg_guard_retry_dev;
+extern GG_TLS uint64_t gg_guard_retry_bytes;
+extern GG_TLS const char *gg_guard_retry_api;
+
+/* Is call c the same request as this thread's failed one (the same size on
+ * the same device through the same function: PyTorch's retry is the very
+ * call again)? */
+static inline bool gg_guard_same_request(int dev, uint64_t bytes, const char *api,
+                                         const struct gg_call *c)
+{
+    return dev == c->dev && bytes == c->bytes &&
+           (api == c->api_name || (api && c->api_name && !__builtin_strcmp(api, c->api_name)));
 }
 
 /* Before the real allocation: false means refuse it (the hook then returns

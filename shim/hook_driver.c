@@ -306,8 +306,11 @@ static CUresult body_DRV_MAP(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr p,
     MISSING(real);
     CUresult r = real(p, n, off, hd, f);
     if (enter()) {
-        if (r == CUDA_SUCCESS)
+        if (r == CUDA_SUCCESS) {
             gg_guard_mapped((uintptr_t)p, n, gg_ledger_handle_key(hd));
+            if (gg_unlikely(gg_guard_retrying)) /* a VMM retry's handles, mapped */
+                gg_react_mapped();
+        }
         if (gg_tracing())
             gg_trace_map((uintptr_t)p, n, gg_ledger_handle_key(hd), r);
         gg_leave();

@@ -210,6 +210,8 @@ bool gg_ledger_map(uintptr_t key, int delta, struct gg_entry *out)
     int64_t at = lookup(s, key, h);
     if (at >= 0) {
         struct gg_entry *e = &s->slot[at];
+        if (delta > 0)
+            e->flags |= GG_ENTRY_MAPPED;
         if (delta > 0 && e->refs < UINT8_MAX)
             e->refs++;
         else if (delta < 0 && e->refs > 0 && e->refs < UINT8_MAX)

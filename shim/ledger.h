@@ -30,6 +30,8 @@
 /* Handed out by a stream-ordered pool (`pool` names it, pools.h): its bytes
  * are the pool's, and stay on the device when it is freed. */
 #define GG_ENTRY_POOL 0x2u
+/* A VMM handle that was mapped at least once. */
+#define GG_ENTRY_MAPPED 0x4u
 
 struct gg_entry {
     uintptr_t key;     /* device pointer, or gg_ledger_handle_key(handle) */

@@ -3,8 +3,10 @@
 #include "life.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +25,7 @@
 #include "maps.h"
 #include "metrics.h"
 #include "react.h"
+#include "retry.h"
 #include "settings.h"
 #include "sites.h"
 #include "elfsym.h"
@@ -162,6 +165,7 @@ static void child_after_fork(void)
     gg_sites_after_fork();
     gg_stack_after_fork();
     gg_steps_after_fork();
+    gg_retry_after_fork();
     gg_backward_after_fork();
     gg_py_after_fork();
     gg_elfsym_after_fork();
@@ -175,8 +179,15 @@ static void child_after_fork(void)
     gg_journal_drop();
 }
 
-static void at_exit(void)
+static void catch_term(void);
+
+/* An on_exit handler (glibc): told the status exit() was called with,
+ * also when libc calls it as main returns (Python's Py_BytesMain returns 1
+ * for an uncaught exception, a SystemExit's code). */
+static void at_exit(int status, void *arg)
 {
+    (void)arg;
+    gg_life_exit_status(status);
     gg_life_finish();
 }
 
@@ -259,7 +270,8 @@ static bool start(void)
     if (open || gg_metrics_on())
         (void)gg_ticker_start(); /* else the timeline is written inline, as rarely */
     gg_arch_start(); /* the loaded modules' device code against the GPUs */
-    atexit(at_exit);
+    on_exit(at_exit, NULL);
+    catch_term();
     return true;
 }
 
@@ -342,19 +354,121 @@ void gg_life_batch(struct gg_batch now, struct gg_batch was)
         gg_steps_reset(i); /* another batch: the old trend says nothing of it */
 }
 
+/* The step a shape's forecast was made for, per device (+ 1: 0 none), so a
+ * step told its shape several times is forecast once. */
+static _Atomic uint64_t shape_forecast1[GG_MAX_DEVICES];
+
 void gg_life_step(uint64_t step)
 {
     if (!gg_active())
         return;
+    struct gg_shape input;
+    bool told = gg_steps_take_shape(&input);
     gg_torch_boundary(step); /* before the forecasts: history of the step that ended goes off */
     for (int i = 0; i < gg_device_count; i++) {
         struct gg_device *d = gg_device(i);
         struct gg_step_verdict v;
         if (!d || !device_used(d, i))
             continue;
-        gg_steps_boundary(d, i, step, gg_device_policy(i)->s.forecast, &v);
+        gg_steps_boundary(d, i, step, gg_device_policy(i)->s.forecast, told ? &input : NULL, &v);
         gg_react_step(i, step, &v);
     }
+}
+
+void gg_life_shape(const long long *dims, int ndims, int batch_dim)
+{
+    if (!gg_active() || !dims || ndims <= 0)
+        return;
+    struct gg_shape s = {.ndims = ndims < GG_SHAPE_DIMS ? ndims : GG_SHAPE_DIMS,
+                         .batch_dim = batch_dim >= 0 && batch_dim < ndims ? batch_dim : -1};
+    uint64_t tokens = 1;
+    for (int i = 0; i < ndims; i++) {
+        uint64_t v = dims[i] > 0 ? (uint64_t)dims[i] : 0, t;
+        if (i < GG_SHAPE_DIMS)
+            s.dims[i] = dims[i];
+        tokens = __builtin_mul_overflow(tokens, v, &t) ? UINT64_MAX : t;
+    }
+    s.tokens = tokens;
+    gg_steps_shape(&s);
+    /* The step this input is for: its tokens beyond the run's, and the
+     * run's line through (tokens, need) says it crosses the near-miss line:
+     * a forecast before it allocates. */
+    for (int i = 0; i < gg_device_count; i++) {
+        struct gg_device *d = gg_device(i);
+        struct gg_steps_now now;
+        uint64_t bytes, most;
+        bool beyond;
+        if (!d || !device_used(d, i) || !gg_device_policy(i)->s.forecast)
+            continue;
+        gg_steps_now(i, &now);
+        uint64_t line = d->limit > d->near ? d->limit - d->near : 0, step = now.step + 1;
+        /* the first input to cross: the run's largest so far did not */
+        if (!now.steps || atomic_load(&shape_forecast1[i]) == step + 1 ||
+            !gg_steps_predict(d, i, tokens, &bytes, &beyond, &most) || !beyond ||
+            bytes <= line || most > line)
+            continue;
+        atomic_store(&shape_forecast1[i], step + 1);
+        gg_react_shape_forecast(i, step, bytes);
+    }
+}
+
+void gg_life_needed(int dev, unsigned long long bytes)
+{
+    if (gg_active())
+        gg_steps_needed(dev, bytes);
+}
+
+/* ---- how the process ends ------------------------------------------------------- */
+
+static _Atomic int exit_status1; /* + 1; 0: not seen */
+static char uncaught[512];
+static _Atomic bool has_uncaught;
+
+void gg_life_exit_status(int status)
+{
+    atomic_store(&exit_status1, (status & 0xff) + 1);
+}
+
+void gg_life_uncaught(const char *what)
+{
+    if (!what || !gg_active() || atomic_exchange(&has_uncaught, true))
+        return;
+    size_t n = strnlen(what, sizeof uncaught - 1);
+    while (n > 0 && ((unsigned char)what[n] & 0xC0) == 0x80)
+        n--; /* cut at a character boundary */
+    memcpy(uncaught, what, n);
+    uncaught[n] = '\0';
+}
+
+/* SIGTERM (what schedulers and `kill` send) kills a process without its
+ * summary. Where its action is the default one when the shim starts, the
+ * shim's handler writes one line (`killed`: the signal and the last step)
+ * and dies of the same signal, as it would have: the default action back,
+ * the signal raised again. The program's own handler, set before or
+ * after, takes precedence (ours is then never called, or replaced). */
+static void on_term(int sig)
+{
+    int saved = errno;
+    if (getpid() == start_pid && !atomic_exchange(&finished, true)) {
+        gg_journal_final(); /* written even if this thread was writing */
+        gg_events_killed(sig);
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+    errno = saved;
+}
+
+static void catch_term(void)
+{
+    struct sigaction old, sa;
+    if (sigaction(SIGTERM, NULL, &old) != 0 || (old.sa_flags & SA_SIGINFO) ||
+        old.sa_handler != SIG_DFL)
+        return; /* the program's own, or ignored */
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_term;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND | SA_NODEFER;
+    sigaction(SIGTERM, &sa, NULL);
 }
 
 /* ---- exit ---------------------------------------------------------------------------- */
@@ -411,9 +525,22 @@ void gg_life_finish(void)
         gg_arch_poll(); /* libraries loaded since the last look, before the summary */
     gg_metrics_exit(); /* a clean exit: Prometheus stops seeing this process */
     gg_react_python();
+    if (!inside)
+        gg_react_settle(0); /* failures still waiting for a retry: none will come */
     if (!inside && gg_advice_current(&batch, &accum)) /* the phase the process ended in */
         batch_events((struct gg_batch){batch, accum}, (struct gg_batch){batch, accum}, true);
-    gg_events_summary(gg_clock_since_start(), !inside);
+    static struct gg_exit how; /* 1 KiB: not on a thread's stack that may be small */
+    int status1 = atomic_load(&exit_status1);
+    how.has_status = status1 != 0;
+    how.status = status1 - 1;
+    how.uncaught = atomic_load(&has_uncaught) ? uncaught : NULL;
+    how.backward_calls = gg_backward_calls();
+    for (int i = 0; i < gg_device_count && i < GG_MAX_DEVICES; i++) {
+        for (int why = GG_REASON_NEAR_MISS; why <= GG_REASON_FORECAST; why++)
+            how.advice[i] += gg_react_advised(i, why);
+        how.unheard[i] = gg_react_unheard(i);
+    }
+    gg_events_summary(gg_clock_since_start(), !inside, &how);
     if (!proc.quiet)
         say_summary();
     gg_devices_leave(); /* a shared GPU: this process's share goes */

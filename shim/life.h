@@ -84,6 +84,18 @@ void gg_life_batch(struct gg_batch now, struct gg_batch was);
  * line, the forecast, the leak (steps.h). */
 void gg_life_step(uint64_t step);
 
+/* The input of the step in progress (gpuguard_step_shape): dims[0..ndims),
+ * batch_dim -1 when not known; a forecast by its tokens when they lie
+ * beyond the run's and its predicted peak crosses a device's line. */
+void gg_life_shape(const long long *dims, int ndims, int batch_dim);
+/* What the step in progress's tensors held at its peak on device dev. */
+void gg_life_needed(int dev, unsigned long long bytes);
+/* The program is ending with this uncaught error (gpuguard_uncaught). */
+void gg_life_uncaught(const char *what);
+/* The program's exit status: what exit() was called with (by the
+ * program, or by libc as main returned); the summary carries it. */
+void gg_life_exit_status(int status);
+
 /* Write the summary now if it has not been written (exit path). */
 void gg_life_finish(void);
 

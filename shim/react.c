@@ -1,6 +1,8 @@
 /* react.c - layer 4: verdicts become lines and advice (see react.h). */
 #include "react.h"
 
+#include <string.h>
+
 #include "advice.h"
 #include "backward.h"
 #include "budget.h"
@@ -8,6 +10,7 @@
 #include "events.h"
 #include "prim.h"
 #include "pyframes.h"
+#include "retry.h"
 #include "steps.h"
 #include "torch.h"
 
@@ -84,10 +87,36 @@ void gg_react_ticking(bool on)
     atomic_store(&ticking, on);
 }
 
+/* The peak and its sites, written as the peak grows (an eighth more, or 2%
+ * of the device, whichever is less; 16 MiB at least) by the tick: what a
+ * process killed before its summary leaves of its peak. */
+#define PEAK_LINE_MIN (16ull << 20)
+static void peak_lines(void)
+{
+    static uint64_t said[GG_MAX_DEVICES];
+    for (int i = 0; i < gg_device_count && i < GG_MAX_DEVICES; i++) {
+        struct gg_device *d = gg_device(i);
+        if (!d || !gg_device_in_use(d, i))
+            continue;
+        uint64_t peak = gg_device_peak(d), last = said[i];
+        uint64_t more = last / 8 < d->total / 50 ? last / 8 : d->total / 50;
+        if (more < PEAK_LINE_MIN)
+            more = PEAK_LINE_MIN;
+        if (peak < last + more)
+            continue;
+        struct gg_steps_now now;
+        gg_steps_now(i, &now);
+        said[i] = peak;
+        gg_events_peak(i, peak, gg_device_peak_used(d), now.steps ? now.step + 2 : 0);
+    }
+}
+
 void gg_react_tick(bool report_suppressed)
 {
     static uint64_t base[GG_LINES];
+    gg_react_settle(GG_RETRY_STALE_NS); /* failures no retry followed */
     timeline_all();
+    peak_lines();
     if (report_suppressed)
         (void)gg_events_suppressed(base);
 }
@@ -143,19 +172,37 @@ uint64_t gg_react_advised(int dev, int why)
     return atomic_load_explicit(&advised[dev][why], memory_order_relaxed);
 }
 
+/* Advice no trainer could hear (none registered, no handler for the
+ * signal), per device: journaled (heard: false), not counted as given. */
+static _Atomic uint64_t unheard[GG_MAX_DEVICES];
+
+uint64_t gg_react_unheard(int dev)
+{
+    return (unsigned)dev < GG_MAX_DEVICES ? atomic_load_explicit(&unheard[dev], memory_order_relaxed)
+                                          : 0;
+}
+
 static void advise(int dev, enum gg_reason why, const struct gg_step_verdict *fc)
 {
     const struct gg_policy *p = gg_device_policy(dev);
+    /* The batch to halve: the trainer's (gpuguard_set_batch), else the one
+     * the script is seen to run (its step input's batch dimension), else
+     * the policy's. */
+    /* Heard: a trainer registered (it polls, or its helper does), or the
+     * signal reaches a handler. */
+    bool handled = gg_advice_handled(p->s.signal);
+    bool heard = handled || gg_advice_registered();
     struct gg_trainer_policy tp = {p->s.batch_size, p->s.grad_accum, p->s.min_batch_size,
-                                   p->s.signal};
+                                   p->s.signal, gg_steps_seen_batch(), heard};
     struct gg_advice a;
     bool ordered = gg_spin_trylock(&advice_order, 1000000); /* else unordered, never stuck */
     bool raised = gg_advice_raise(dev, why, &tp, &a);
-    bool signaled = raised && gg_advice_handled(tp.signal);
+    bool signaled = raised && handled;
     if (raised && (unsigned)dev < GG_MAX_DEVICES)
-        atomic_fetch_add_explicit(&advised[dev][why], 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(heard ? &advised[dev][why] : &unheard[dev], 1,
+                                  memory_order_relaxed);
     if (raised && advice_line(&a, why))
-        gg_events_advice(&a, signaled, fc);
+        gg_events_advice(&a, signaled, heard, fc);
     if (ordered)
         gg_spin_unlock(&advice_order);
     if (signaled)
@@ -169,31 +216,123 @@ void gg_react_python(void)
         gg_events_error("no Python frames in stacks from now on: %s", why);
 }
 
+static const enum gg_reason incident_reason[] = {
+    [GG_INCIDENT_NEAR_MISS] = GG_REASON_NEAR_MISS, [GG_INCIDENT_REFUSED] = GG_REASON_REFUSED,
+    [GG_INCIDENT_OOM] = GG_REASON_OOM};
+static const enum gg_line incident_line[] = {
+    [GG_INCIDENT_NEAR_MISS] = GG_LINE_NEAR_MISS, [GG_INCIDENT_REFUSED] = GG_LINE_REFUSED,
+    [GG_INCIDENT_OOM] = GG_LINE_OOM};
+
+/* The moment's facts of an incident on call c: the process's bytes on the
+ * device now, the step in progress and its input. */
+static void facts_now(const struct gg_call *c, struct gg_episode *e)
+{
+    const struct gg_device *d = gg_device(c->dev);
+    struct gg_steps_now now;
+    e->ns = gg_now_ns();
+    if (d) {
+        uint64_t cur = atomic_load(&d->current), pr = atomic_load(&d->pool_reserved),
+                 pu = atomic_load(&d->pool_used);
+        e->reserved = cur;
+        e->allocated = cur - pr + pu;
+    }
+    gg_steps_now(c->dev, &now);
+    e->step1 = now.steps ? now.step + 2 : 0;
+    if (!gg_steps_shape_now(&e->input))
+        e->input.ndims = 0;
+}
+
+/* An incident's line, its advice and PyTorch's view. A failure is said
+ * once its outcome is known (retry.h): recovered (a flush the program
+ * never saw, counted as such) or not. */
+static void say(const struct gg_episode *e, bool failure)
+{
+    const struct gg_call *c = &e->call;
+    const struct gg_verdict *v = &e->verdict;
+    struct gg_incident_facts f = {
+        .ns = e->ns, .reserved = e->reserved, .allocated = e->allocated, .step1 = e->step1,
+        .input = e->input.ndims ? &e->input : NULL, .failure = failure,
+        .recovered = e->retried == GG_RETRY_UNKNOWN ? -1 : e->retried == GG_RETRY_RECOVERED,
+        .retried = e->retried == GG_RETRY_RECOVERED || e->retried == GG_RETRY_RAISED,
+        .freed = e->freed, .freed_count = e->freed_count, .freed_largest = e->freed_largest};
+    struct gg_device *d = gg_device(c->dev);
+    bool line = v->journal;
+    if (failure && e->retried == GG_RETRY_RECOVERED && d) {
+        atomic_fetch_add(v->incident == GG_INCIDENT_OOM ? &d->ooms_recovered
+                                                        : &d->refusals_recovered, 1);
+        gg_steps_flushed(c->dev);
+    } else if (failure && (unsigned)c->dev < GG_MAX_DEVICES) {
+        /* A failure that reached the program (the one that may end the
+         * run) is not lost among the recovered ones of its site: these are
+         * thinned by their own count on the device. */
+        static _Atomic uint64_t reached[GG_MAX_DEVICES];
+        line = gg_budget_thin(atomic_fetch_add(&reached[c->dev], 1) + 1);
+    }
+    if (line) {
+        gg_backward_flush(); /* the .backward() running now, if its line was left out */
+        gg_events_incident(c, v, &f); /* the timeline stays the tick's: not on this path */
+    } else {
+        gg_budget_suppress(incident_line[v->incident]);
+    }
+    if (!failure)
+        advise(c->dev, incident_reason[v->incident], NULL); /* a failure's: at its call */
+    /* PyTorch's view, asked for: of a near miss, and of a failure that
+     * reached the program (its OOM observer answers too); a recovered one's
+     * facts are the line's, its view a later moment's */
+    gg_torch_incident(c->dev, v->incident, c->bytes, !failure || e->retried != GG_RETRY_RECOVERED);
+}
+
 GG_COLD void gg_react(const struct gg_call *c, const struct gg_verdict *v)
 {
+    struct gg_episode e;
     gg_react_python();
-    static const enum gg_reason reason[] = {
-        [GG_INCIDENT_NEAR_MISS] = GG_REASON_NEAR_MISS, [GG_INCIDENT_REFUSED] = GG_REASON_REFUSED,
-        [GG_INCIDENT_OOM] = GG_REASON_OOM};
-    static const enum gg_line line[] = {
-        [GG_INCIDENT_NEAR_MISS] = GG_LINE_NEAR_MISS, [GG_INCIDENT_REFUSED] = GG_LINE_REFUSED,
-        [GG_INCIDENT_OOM] = GG_LINE_OOM};
-    if (v->incident != GG_INCIDENT_NONE) {
-        if (v->journal) {
-            gg_backward_flush(); /* the .backward() running now, if its line was left out */
-            gg_events_incident(c, v); /* the timeline stays the tick's: not on this path */
-        } else {
-            gg_budget_suppress(line[v->incident]);
-        }
-        advise(c->dev, reason[v->incident], NULL);
-        gg_torch_incident(c->dev, v->incident, c->bytes); /* PyTorch's view, asked for */
+    if (v->settle && gg_retry_allocated(c, &e)) /* this thread's failure: its retry or not */
+        say(&e, true);
+    if (v->incident == GG_INCIDENT_NEAR_MISS) {
+        memset(&e, 0, sizeof e);
+        e.call = *c;
+        e.verdict = *v;
+        facts_now(c, &e);
+        say(&e, false);
+    } else if (v->incident != GG_INCIDENT_NONE) {
+        struct gg_episode now;
+        bool retry, opened;
+        memset(&now, 0, sizeof now);
+        now.call = *c;
+        now.verdict = *v;
+        facts_now(c, &now);
+        bool closed = gg_retry_failed(&now, &retry, &opened, &e);
+        /* The advice is the failure's own moment's (the trainer may poll
+         * right after it); its line waits for the outcome. A retry is the
+         * same request: advised once. */
+        if (!retry)
+            advise(c->dev, incident_reason[v->incident], NULL);
+        if (closed)
+            say(&e, true); /* a failed retry, or an episode this failure closed */
     }
     sample(v);
 }
 
+GG_COLD void gg_react_mapped(void)
+{
+    struct gg_episode e;
+    if (gg_retry_mapped(&e))
+        say(&e, true);
+}
+
 GG_COLD void gg_react_free(const struct gg_verdict *v)
 {
+    if (v->freed)
+        gg_retry_freed(v->freed);
     sample(v);
+}
+
+void gg_react_settle(uint64_t max_ns)
+{
+    struct gg_episode e;
+    uint64_t now = gg_now_ns();
+    for (int n = 0; n < 64 && gg_retry_stale(now, max_ns, &e); n++)
+        say(&e, true);
 }
 
 void gg_react_step(int dev, uint64_t step, const struct gg_step_verdict *v)
@@ -205,10 +344,24 @@ void gg_react_step(int dev, uint64_t step, const struct gg_step_verdict *v)
         advise(dev, GG_REASON_FORECAST, v);
         gg_torch_forecast(dev, v->fc_step); /* PyTorch's history for the step it names */
     }
-    if (v->leak) {
+    /* A leak suspected from the live bytes: checked by PyTorch's history
+     * where it can be (the tensors one step kept: torch.h), else said as it
+     * is (confirmed false). */
+    if (v->leak && !gg_torch_leak(dev, step, v)) {
         gg_events_leak(dev, step, v);
-        gg_torch_leak(dev, step); /* the tensors that outlive a step, by line */
+        gg_steps_leak_said(dev, v->rate, v->projected_step);
     }
+}
+
+void gg_react_shape_forecast(int dev, uint64_t step, uint64_t bytes)
+{
+    struct gg_step_verdict v;
+    memset(&v, 0, sizeof v);
+    v.forecast = v.fc_need = true;
+    v.fc_step = step;
+    v.fc_bytes = bytes;
+    advise(dev, GG_REASON_FORECAST, &v);
+    gg_torch_forecast(dev, step);
 }
 
 void gg_react_registered(uint64_t switched)

@@ -18,6 +18,14 @@ void gg_react(const struct gg_call *c, const struct gg_verdict *v);
 
 /* After a free. */
 void gg_react_free(const struct gg_verdict *v);
+/* After a mapping, on a thread whose failure waits for its retry (guard.h:
+ * gg_guard_retrying). */
+void gg_react_mapped(void);
+
+/* Failures whose retry has not come for max_ns (0: every one, at exit):
+ * said as not retried. The tick does it with GG_RETRY_STALE_NS. */
+#define GG_RETRY_STALE_NS 250000000ull
+void gg_react_settle(uint64_t max_ns);
 
 /* Python frames could not be read (an unsupported interpreter, a layout
  * that did not check out): said once, as an `error` event. */
@@ -40,9 +48,18 @@ void gg_react_tick(bool report_suppressed);
 void gg_react_flush(void);
 void gg_react_ticking(bool on);
 
+/* A forecast by the shape of step `step` (steps.h: gg_steps_predict): its
+ * peak `bytes`, device-wide, crosses device dev's near-miss line. */
+void gg_react_shape_forecast(int dev, uint64_t step, uint64_t bytes);
+
 /* Advice given for device dev for `why` (enum gg_reason: its cause; an
- * advice at the minimum batch counts under its cause), since the start. */
+ * advice at the minimum batch counts under its cause), since the start:
+ * advice a trainer could hear (one registered, or a handler for the
+ * signal). */
 uint64_t gg_react_advised(int dev, int why);
+/* Advice no trainer could hear on device dev, since the start (journaled
+ * with heard false: what would have been advised). */
+uint64_t gg_react_unheard(int dev);
 
 /* Devices (a bit each) switched to enforce by a trainer's registration. */
 void gg_react_registered(uint64_t switched);

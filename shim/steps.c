@@ -10,18 +10,25 @@
 #define HIST GG_STEPS_HISTORY
 #define FORECAST_MIN 5       /* step peaks before a trend is believed */
 #define FORECAST_Z 2.0       /* Mann-Kendall z of a rise that is real (one-sided p < 0.025) */
+#define FORECAST_AHEAD 3     /* steps the tensors' need is forecast ahead */
 #define LEAK_WARMUP 3        /* boundaries after a (re)start whose live bytes are not used */
 #define LEAK_MIN 12          /* live readings before a leak is believed */
 #define LEAK_Z 4.0           /* ... and a stricter test: a leak is a strong word */
 #define LEAK_PERSIST 3       /* boundaries in a row that must agree before it is said */
+#define LEAK_QUIET 16        /* boundaries a cleared suspicion stays quiet (doubling) */
 #define LINES_ALWAYS 100     /* every step line for the first steps of a device ... */
 #define LINES_EVERY 100      /* ... then every 100th, */
-#define LINES_MOVED 20       /* ... and whenever a value moved by 1/20 of the device */
+#define LINES_MOVED 20       /* ... whenever a value moved by 1/20 of the device, */
+#define LINES_NS 10000000000ull /* ... and 10 s after the last (a killed run's last step) */
 #define SNAP_SITES 256       /* sites compared for a leak's growth */
 #define RECHECK_SITES 16     /* while leaking, its sites are looked at again this often */
 
 struct point {
     double x, used, live; /* step, its device-wide peak, live bytes at its end */
+    double need;          /* device-wide use had the cache held only what the tensors
+                             needed (needed + the use that is not the process's); < 0:
+                             not told */
+    double tokens;        /* its input's elements; 0: not told */
 };
 
 static struct steps {
@@ -30,20 +37,34 @@ static struct steps {
     int n;
     uint64_t boundaries;      /* since the last reset */
     uint64_t lines;           /* step lines written, ever */
+    uint64_t line_ns;         /* ... the last one's moment */
     struct gg_window last;    /* as last written */
-    /* the leak being reported */
-    bool leaking;
+    /* the leak: suspected from the boundaries' trend, said once confirmed */
+    bool suspected;           /* the trend says so now */
     int agree;                /* boundaries in a row whose live bytes said "leak" */
-    uint64_t since, rate, last_check;
-    gg_site top;              /* its largest site as last reported */
+    uint64_t since, trend_rate, last_check;
+    bool said;                /* a leak line was written for the current suspicion */
+    uint64_t said_trend;      /* ... the trend's rate then */
+    gg_site top;              /* its largest site as last looked at */
+    uint64_t quiet_until;     /* a cleared suspicion: no other before this step */
+    uint64_t quiet;           /* ... and the next quiet spell */
     struct gg_site_usage base[SNAP_SITES]; /* the sites at the last reset */
     size_t nbase;
     /* what gg_steps_now reads: written under the lock, read without it */
-    _Atomic uint64_t now_step, now_fc_step, now_fc_bytes, now_leak_rate, now_leak_projected;
+    _Atomic uint64_t now_step, now_steps, now_flush_steps, now_fc_step, now_fc_bytes, now_leak_rate,
+        now_leak_projected;
 } st[GG_MAX_DEVICES];
 
 static double pairs[HIST * (HIST - 1) / 2]; /* under a device's lock: one boundary at a time */
 static gg_spin pairs_lock = GG_SPIN_INIT;
+
+/* The step in progress: its input as told (the largest by tokens), and
+ * what its tensors needed per device (+ 1; 0: not told). */
+static gg_spin shape_lock = GG_SPIN_INIT;
+static struct gg_shape shape_now;
+static _Atomic int seen_batch;
+static _Atomic uint64_t needed1[GG_MAX_DEVICES];
+static _Atomic uint64_t flushes[GG_MAX_DEVICES]; /* in the step in progress */
 
 /* ---- statistics ------------------------------------------------------------------ */
 
@@ -99,12 +120,16 @@ void gg_steps_trend(const double *x, const double *y, int n, double *slope, doub
         return;
     if (!gg_spin_trylock(&pairs_lock, 100000))
         return;
+    /* Pairs of distinct x (any order: a series of steps, or of tokens);
+     * Kendall's S counts the pairs that rise with x against those that
+     * fall (over steps: the Mann-Kendall test). */
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++) {
             double dx = x[j] - x[i], dy = y[j] - y[i];
-            if (dx > 0)
-                pairs[m++] = dy / dx;
-            s += (dy > 0) - (dy < 0);
+            if (dx == 0)
+                continue;
+            pairs[m++] = dy / dx;
+            s += ((dy > 0) - (dy < 0)) * (dx > 0 ? 1 : -1);
         }
     *slope = median(pairs, m);
     for (int i = 0; i < n; i++)
@@ -166,6 +191,7 @@ static void grown_sites(int dev, const struct steps *s, struct gg_step_verdict *
     gg_side_pop(now);
 }
 
+
 static bool moved(const struct gg_window *a, const struct gg_window *b, uint64_t step)
 {
 #define FAR(u, v) ((u) > (v) ? (u) - (v) > step : (v) - (u) > step)
@@ -173,36 +199,103 @@ static bool moved(const struct gg_window *a, const struct gg_window *b, uint64_t
 #undef FAR
 }
 
+/* The series the forecast follows: the tensors' need where the last step
+ * told it (the steps that told it), else the device-wide peaks. */
+static int need_series(const struct steps *s, double *x, double *y, bool *need)
+{
+    int n = 0;
+    *need = s->n && s->p[s->n - 1].need >= 0;
+    for (int i = 0; i < s->n; i++) {
+        if (*need && s->p[i].need < 0)
+            continue;
+        x[n] = s->p[i].x;
+        y[n++] = *need ? s->p[i].need : s->p[i].used;
+    }
+    return n;
+}
+
 static void forecast(const struct gg_device *d, const struct steps *s, uint64_t step,
                      struct gg_step_verdict *out)
 {
     double x[HIST], y[HIST], slope, intercept, z;
+    bool need;
     uint64_t line = d->limit > d->near ? d->limit - d->near : 0;
     /* The line is on the device's used memory, so is the trend: the
-     * step's device-wide peak (context and other processes included). */
-    if (s->n < FORECAST_MIN || !d->total || out->w.peak_used > line)
+     * step's device-wide need (context and other processes included). */
+    int n = need_series(s, x, y, &need);
+    if (n < FORECAST_MIN || !d->total || y[n - 1] > (double)line)
         return; /* too few steps, or in the zone: near misses already say it */
-    for (int i = 0; i < s->n; i++) {
-        x[i] = s->p[i].x;
-        y[i] = s->p[i].used;
-    }
-    gg_steps_trend(x, y, s->n, &slope, &intercept, &z);
-    double rise = slope * (x[s->n - 1] - x[0]), noise = spread(x, y, s->n, slope, intercept);
+    gg_steps_trend(x, y, n, &slope, &intercept, &z);
+    double rise = slope * (x[n - 1] - x[0]), noise = spread(x, y, n, slope, intercept);
     if (z < FORECAST_Z || slope <= 0 || rise <= 3 * noise)
         return;
     /* The line must still hold at this step: a run whose last step fell
      * well below it (a cache emptied, a shorter batch) is not on its way. */
-    double fall = intercept + slope * x[s->n - 1] - y[s->n - 1];
+    double fall = intercept + slope * x[n - 1] - y[n - 1];
     if (fall > fmax(3 * noise, (double)d->total / 1000))
         return;
-    double next = intercept + slope * (double)(step + 1);
-    if (next <= (double)line)
+    /* The step the line is crossed at: the next one for the peaks, which
+     * hold all the device holds; within FORECAST_AHEAD steps for the
+     * tensors' need, which the cache's own overhead (blocks that do not
+     * fit the next request) lifts before it reaches the line: an OOM of
+     * the layout comes first, and the trainer has steps to act. */
+    for (int ahead = 1; ahead <= (need ? FORECAST_AHEAD : 1); ahead++) {
+        double at = intercept + slope * (double)(step + (uint64_t)ahead);
+        if (at <= (double)line)
+            continue;
+        out->forecast = true;
+        out->fc_need = need;
+        out->fc_step = step + (uint64_t)ahead;
+        out->fc_bytes = at > 0 ? (uint64_t)at : 0;
         return;
-    out->forecast = true;
-    out->fc_step = step + 1;
-    out->fc_bytes = next > 0 ? (uint64_t)next : 0;
+    }
 }
 
+bool gg_steps_predict(const struct gg_device *d, int dev, uint64_t tokens, uint64_t *bytes,
+                      bool *beyond, uint64_t *at_most)
+{
+    double x[HIST], y[HIST], slope, intercept, z, most = 0;
+    int n = 0, distinct = 0;
+    if ((unsigned)dev >= GG_MAX_DEVICES || !d || !tokens)
+        return false;
+    struct steps *s = &st[dev];
+    if (!gg_spin_trylock(&s->lock, 1000))
+        return false;
+    for (int i = 0; i < s->n; i++) {
+        if (s->p[i].tokens <= 0 || s->p[i].need < 0)
+            continue;
+        bool seen = false;
+        for (int k = 0; k < n && !seen; k++)
+            seen = x[k] == s->p[i].tokens;
+        distinct += !seen;
+        x[n] = s->p[i].tokens;
+        y[n++] = s->p[i].need;
+        most = fmax(most, s->p[i].tokens);
+    }
+    gg_spin_unlock(&s->lock);
+    if (n < FORECAST_MIN || distinct < 3)
+        return false;
+    gg_steps_trend(x, y, n, &slope, &intercept, &z);
+    double lo = x[0], hi = x[0];
+    for (int i = 1; i < n; i++) {
+        lo = fmin(lo, x[i]);
+        hi = fmax(hi, x[i]);
+    }
+    /* The need must follow the tokens: a real rise with them, well out of
+     * the noise around the line. */
+    if (z < FORECAST_Z || slope <= 0 || slope * (hi - lo) <= 3 * spread(x, y, n, slope, intercept))
+        return false;
+    double p = intercept + slope * (double)tokens, q = intercept + slope * most;
+    *bytes = p > 0 ? (uint64_t)p : 0;
+    *beyond = (double)tokens > most;
+    if (at_most)
+        *at_most = q > 0 ? (uint64_t)q : 0;
+    return true;
+}
+
+/* Leaks: the trend of the live bytes at the boundaries says one is
+ * suspected; out->leak when it is new, or its rate or top site changed
+ * since it was said. */
 static void leak(const struct gg_device *d, int dev, struct steps *s, uint64_t step,
                  struct gg_step_verdict *out)
 {
@@ -211,8 +304,8 @@ static void leak(const struct gg_device *d, int dev, struct steps *s, uint64_t s
      * optimizer's state): not a trend. */
     uint64_t after = s->boundaries > LEAK_WARMUP ? s->boundaries - LEAK_WARMUP : 0;
     int n = (uint64_t)s->n < after ? s->n : (int)after, first = s->n - n;
-    if (n < LEAK_MIN || !d->total) {
-        s->leaking = false;
+    if (n < LEAK_MIN || !d->total || step < s->quiet_until) {
+        s->suspected = false;
         return;
     }
     for (int i = 0; i < n; i++) {
@@ -226,32 +319,33 @@ static void leak(const struct gg_device *d, int dev, struct steps *s, uint64_t s
     double rise = slope * (x[n - 1] - x[0]);
     double least = fmax(1 << 20, (double)d->total / 10000); /* 1 MiB a step, or 0.01% */
     if (z < LEAK_Z || slope < least || rise <= 6 * spread(x, y, n, slope, intercept)) {
-        s->leaking = false;
+        s->suspected = false;
+        s->said = false;
         s->agree = 0;
         return;
     }
     if (++s->agree < LEAK_PERSIST)
         return;
     uint64_t rate = (uint64_t)slope;
-    if (!s->leaking) {
+    if (!s->suspected) {
         s->since = (uint64_t)x[0];
         s->last_check = 0;
     }
     /* The sites: looked at when it starts, then every RECHECK_SITES steps. */
-    bool changed = !s->leaking;
-    if (!s->leaking || step - s->last_check >= RECHECK_SITES) {
+    bool changed = !s->said;
+    if (!s->suspected || step - s->last_check >= RECHECK_SITES) {
         grown_sites(dev, s, out);
         s->last_check = step;
         gg_site top = out->nsites ? out->sites[0].site : GG_SITE_NONE;
         changed = changed || top != s->top;
         s->top = top;
     }
-    double ratio = s->rate ? (double)rate / (double)s->rate : 0;
+    double ratio = s->said_trend ? (double)rate / (double)s->said_trend : 0;
     changed = changed || ratio < 0.75 || ratio > 1.25;
-    s->leaking = true;
+    s->suspected = true;
+    s->trend_rate = rate;
     if (!changed)
         return;
-    s->rate = rate;
     if (!out->nsites)
         grown_sites(dev, s, out);
     double ws = median(work, n);
@@ -259,22 +353,53 @@ static void leak(const struct gg_device *d, int dev, struct steps *s, uint64_t s
     out->leak = true;
     out->since_step = s->since;
     out->rate = rate;
+    out->work = ws > 0 ? (uint64_t)ws : 0;
     out->projected_step = left <= 0 ? step : step + (uint64_t)ceil(left / slope);
+}
+
+void gg_steps_leak_said(int dev, uint64_t rate, uint64_t projected)
+{
+    if ((unsigned)dev >= GG_MAX_DEVICES || !gg_spin_trylock(&st[dev].lock, 1000))
+        return;
+    struct steps *s = &st[dev];
+    s->said = true;
+    s->said_trend = s->trend_rate;
+    atomic_store_explicit(&s->now_leak_rate, rate, memory_order_relaxed);
+    atomic_store_explicit(&s->now_leak_projected, projected, memory_order_relaxed);
+    gg_spin_unlock(&s->lock);
+}
+
+void gg_steps_leak_cleared(int dev, uint64_t step)
+{
+    if ((unsigned)dev >= GG_MAX_DEVICES || !gg_spin_trylock(&st[dev].lock, 1000))
+        return;
+    struct steps *s = &st[dev];
+    if (!s->quiet)
+        s->quiet = LEAK_QUIET;
+    s->quiet_until = step + s->quiet;
+    s->quiet *= 2;
+    s->suspected = s->said = false;
+    s->agree = 0;
+    atomic_store_explicit(&s->now_leak_rate, 0, memory_order_relaxed);
+    atomic_store_explicit(&s->now_leak_projected, 0, memory_order_relaxed);
+    gg_spin_unlock(&s->lock);
 }
 
 /* What gg_steps_now says of a device, as of this boundary. */
 static void publish(struct steps *s, uint64_t step, const struct gg_step_verdict *out)
 {
     atomic_store_explicit(&s->now_step, step, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->now_steps, 1, memory_order_relaxed);
+    if (out->flushes)
+        atomic_fetch_add_explicit(&s->now_flush_steps, 1, memory_order_relaxed);
     if (out->forecast) {
         atomic_store_explicit(&s->now_fc_step, out->fc_step, memory_order_relaxed);
         atomic_store_explicit(&s->now_fc_bytes, out->fc_bytes, memory_order_relaxed);
     }
-    if (out->leak)
-        atomic_store_explicit(&s->now_leak_projected, out->projected_step, memory_order_relaxed);
-    atomic_store_explicit(&s->now_leak_rate, s->leaking ? s->rate : 0, memory_order_relaxed);
-    if (!s->leaking)
+    if (!s->suspected) { /* the leak said is over */
+        atomic_store_explicit(&s->now_leak_rate, 0, memory_order_relaxed);
         atomic_store_explicit(&s->now_leak_projected, 0, memory_order_relaxed);
+    }
 }
 
 void gg_steps_now(int dev, struct gg_steps_now *out)
@@ -284,6 +409,8 @@ void gg_steps_now(int dev, struct gg_steps_now *out)
         return;
     const struct steps *s = &st[dev];
     out->step = atomic_load_explicit(&s->now_step, memory_order_relaxed);
+    out->steps = atomic_load_explicit(&s->now_steps, memory_order_relaxed);
+    out->flush_steps = atomic_load_explicit(&s->now_flush_steps, memory_order_relaxed);
     out->fc_step = atomic_load_explicit(&s->now_fc_step, memory_order_relaxed);
     out->fc_bytes = atomic_load_explicit(&s->now_fc_bytes, memory_order_relaxed);
     out->leak_rate = atomic_load_explicit(&s->now_leak_rate, memory_order_relaxed);
@@ -291,22 +418,29 @@ void gg_steps_now(int dev, struct gg_steps_now *out)
 }
 
 void gg_steps_boundary(struct gg_device *d, int dev, uint64_t step, bool do_forecast,
-                       struct gg_step_verdict *out)
+                       const struct gg_shape *input, struct gg_step_verdict *out)
 {
     memset(out, 0, sizeof *out);
     gg_device_close_window(d, &out->w);
+    if (input)
+        out->input = *input;
     if ((unsigned)dev >= GG_MAX_DEVICES)
         return;
+    uint64_t need1 = atomic_exchange_explicit(&needed1[dev], 0, memory_order_relaxed);
+    out->has_needed = need1 != 0;
+    out->needed = need1 ? need1 - 1 : 0;
+    out->flushes = atomic_exchange_explicit(&flushes[dev], 0, memory_order_relaxed);
     struct steps *s = &st[dev];
     /* A signal handler's boundary on this thread, or another thread's at
      * the same moment: this one is counted in the next window. */
     if (!gg_spin_trylock(&s->lock, 1000))
         return;
-    uint64_t far = d->total / LINES_MOVED;
+    uint64_t far = d->total / LINES_MOVED, now = gg_now_ns();
     out->journal = s->lines < LINES_ALWAYS || step % LINES_EVERY == 0 ||
-                   moved(&out->w, &s->last, far);
+                   moved(&out->w, &s->last, far) || now - s->line_ns >= LINES_NS;
     if (out->journal) {
         s->lines++;
+        s->line_ns = now;
         s->last = out->w;
     }
     if (s->boundaries++ == 0)
@@ -315,12 +449,68 @@ void gg_steps_boundary(struct gg_device *d, int dev, uint64_t step, bool do_fore
         memmove(s->p, s->p + 1, (HIST - 1) * sizeof *s->p);
         s->n--;
     }
-    s->p[s->n++] = (struct point){(double)step, (double)out->w.peak_used, (double)out->w.live};
+    double others = (double)out->w.peak_used - (double)out->w.peak;
+    s->p[s->n++] = (struct point){
+        (double)step, (double)out->w.peak_used, (double)out->w.live,
+        out->has_needed ? (double)out->needed + fmax(others, 0) : -1,
+        out->input.ndims ? (double)out->input.tokens : 0};
     if (do_forecast)
         forecast(d, s, step, out);
     leak(d, dev, s, step, out);
     publish(s, step, out);
     gg_spin_unlock(&s->lock);
+}
+
+/* ---- the step in progress ---------------------------------------------------------- */
+
+void gg_steps_shape(const struct gg_shape *in)
+{
+    int b = gg_shape_batch(in);
+    if (b > 0)
+        atomic_store_explicit(&seen_batch, b, memory_order_relaxed);
+    if (!gg_spin_trylock(&shape_lock, 1000))
+        return;
+    if (!shape_now.ndims || in->tokens > shape_now.tokens)
+        shape_now = *in;
+    gg_spin_unlock(&shape_lock);
+}
+
+static bool shape_read(struct gg_shape *out, bool take)
+{
+    if (!gg_spin_trylock(&shape_lock, 1000))
+        return false;
+    *out = shape_now;
+    if (take)
+        shape_now.ndims = 0;
+    gg_spin_unlock(&shape_lock);
+    return out->ndims > 0;
+}
+
+bool gg_steps_shape_now(struct gg_shape *out)
+{
+    return shape_read(out, false);
+}
+
+bool gg_steps_take_shape(struct gg_shape *out)
+{
+    return shape_read(out, true);
+}
+
+int gg_steps_seen_batch(void)
+{
+    return atomic_load_explicit(&seen_batch, memory_order_relaxed);
+}
+
+void gg_steps_needed(int dev, uint64_t bytes)
+{
+    if ((unsigned)dev < GG_MAX_DEVICES)
+        atomic_store_explicit(&needed1[dev], bytes + 1, memory_order_relaxed);
+}
+
+void gg_steps_flushed(int dev)
+{
+    if ((unsigned)dev < GG_MAX_DEVICES)
+        atomic_fetch_add_explicit(&flushes[dev], 1, memory_order_relaxed);
 }
 
 void gg_steps_reset(int dev)
@@ -329,9 +519,10 @@ void gg_steps_reset(int dev)
         return;
     st[dev].n = 0;
     st[dev].boundaries = 0;
-    st[dev].leaking = false;
+    st[dev].suspected = st[dev].said = false;
     st[dev].agree = 0;
-    st[dev].rate = 0;
+    st[dev].trend_rate = st[dev].said_trend = 0;
+    st[dev].quiet_until = st[dev].quiet = 0;
     atomic_store_explicit(&st[dev].now_leak_rate, 0, memory_order_relaxed);
     atomic_store_explicit(&st[dev].now_leak_projected, 0, memory_order_relaxed);
     gg_spin_unlock(&st[dev].lock);
@@ -342,4 +533,5 @@ void gg_steps_after_fork(void)
     for (int i = 0; i < GG_MAX_DEVICES; i++)
         gg_spin_reset(&st[i].lock);
     gg_spin_reset(&pairs_lock);
+    gg_spin_reset(&shape_lock);
 }

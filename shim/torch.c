@@ -11,6 +11,7 @@
 #include "guard.h"
 #include "prim.h"
 #include "pycall.h"
+#include "steps.h"
 
 /* What is wanted of a device, by kind; the order the callbacks go in. */
 enum kind { K_FORECAST, K_NEAR, K_REFUSED, K_OOM, K_LEAK, K_KINDS };
@@ -20,6 +21,7 @@ static struct want {
     _Atomic uint32_t kinds;            /* a bit per kind */
     _Atomic uint64_t bytes[K_KINDS];   /* the request, per kind (0: none) */
     _Atomic uint64_t step2[K_KINDS];   /* the step in progress + 1 when asked (0: none) */
+    _Atomic uint64_t ns[K_KINDS];      /* the moment asked about */
 } wants[GG_MAX_DEVICES];
 
 static _Atomic(gpuguard_torch_fn) callback;
@@ -34,9 +36,11 @@ static _Atomic uint64_t near_asked[GG_MAX_DEVICES];  /* the epoch whose first ne
 static _Atomic uint32_t last_failure[GG_MAX_DEVICES]; /* kind + 1 of the device's last failure */
 
 /* PyTorch's allocation history: wanted on until the boundary of step
- * history_until; what the instrumentation was last told. */
+ * history_until; what the instrumentation was last told. A forecast that
+ * names a step further ahead turns it on at the boundary before that step
+ * (history_from: the step; 0: none waiting). */
 static _Atomic bool history_want, history_told;
-static _Atomic uint64_t history_until;
+static _Atomic uint64_t history_until, history_from;
 
 /* A leak's survivors: the boundary (step + 1; 0: none) at which a device's
  * leak view is due, once history (on for the step after the leak was said)
@@ -54,8 +58,17 @@ static struct issued {
     unsigned seq;
     int dev;
     uint8_t kind;
-    uint64_t bytes, step2;
+    uint64_t bytes, step2, ns;
 } issued[ISSUED];
+
+/* A suspected leak waiting for its check (leak_due1), per device: what the
+ * steps found, said as a leak once the check confirms it. */
+static struct gg_step_verdict suspect[GG_MAX_DEVICES];
+static uint64_t suspect_step[GG_MAX_DEVICES];
+static _Atomic bool checking[GG_MAX_DEVICES]; /* from the check's start to its answer */
+
+/* The step a forecast's view was last asked for, per device (+ 1). */
+static _Atomic uint64_t forecast_viewed1[GG_MAX_DEVICES];
 static gg_spin issued_lock = GG_SPIN_INIT;
 
 static int kind_of_incident(int incident)
@@ -81,6 +94,7 @@ static void want(int dev, int kind, uint64_t bytes)
     struct want *w = &wants[dev];
     atomic_store_explicit(&w->bytes[kind], bytes, memory_order_relaxed);
     atomic_store_explicit(&w->step2[kind], atomic_load(&last_step2), memory_order_relaxed);
+    atomic_store_explicit(&w->ns[kind], gg_now_ns(), memory_order_relaxed);
     atomic_fetch_or(&w->kinds, 1u << kind); /* release: the fields above go with it */
     schedule();
 }
@@ -116,14 +130,14 @@ bool gg_torch_attached(void)
     return atomic_load_explicit(&callback, memory_order_relaxed) != NULL;
 }
 
-void gg_torch_incident(int dev, int incident, uint64_t bytes)
+void gg_torch_incident(int dev, int incident, uint64_t bytes, bool ask)
 {
     int kind = kind_of_incident(incident);
     if ((unsigned)dev >= GG_MAX_DEVICES || kind < 0)
         return;
     if (kind != K_NEAR)
         atomic_store_explicit(&last_failure[dev], (uint32_t)kind + 1, memory_order_relaxed);
-    if (!atomic_load_explicit(&callback, memory_order_relaxed))
+    if (!ask || !atomic_load_explicit(&callback, memory_order_relaxed))
         return;
     if (kind == K_NEAR) { /* the first of the step only */
         uint64_t now = atomic_load(&epoch), was = atomic_load(&near_asked[dev]);
@@ -142,6 +156,13 @@ void gg_torch_boundary(uint64_t step)
         if (atomic_load(&history_told) && atomic_load_explicit(&callback, memory_order_relaxed))
             schedule();
     }
+    uint64_t from = atomic_load(&history_from);
+    if (from && step + 1 >= from && atomic_compare_exchange_strong(&history_from, &from, 0) &&
+        atomic_load_explicit(&callback, memory_order_relaxed)) {
+        gg_atomic_max(&history_until, from);
+        atomic_store(&history_want, true); /* on for the step the forecast named */
+        schedule();
+    }
     if (atomic_load(&history_want) || !atomic_load_explicit(&callback, memory_order_relaxed))
         return; /* a leak's view waits for history to be off */
     for (int dev = 0; dev < GG_MAX_DEVICES; dev++) {
@@ -155,20 +176,65 @@ void gg_torch_forecast(int dev, uint64_t fc_step)
 {
     if ((unsigned)dev >= GG_MAX_DEVICES || !atomic_load(&callback))
         return;
-    gg_atomic_max(&history_until, fc_step);
-    atomic_store(&history_want, true);
-    want(dev, K_FORECAST, 0);
+    uint64_t s2 = atomic_load(&last_step2), next = s2 ? s2 - 1 : 1; /* the step in progress */
+    if (fc_step <= next) {
+        gg_atomic_max(&history_until, fc_step);
+        atomic_store(&history_want, true);
+    } else { /* on at the boundary before the step it names */
+        uint64_t none = 0;
+        if (!atomic_compare_exchange_strong(&history_from, &none, fc_step) && fc_step < none)
+            atomic_store(&history_from, fc_step);
+    }
+    if (atomic_exchange(&forecast_viewed1[dev], fc_step + 1) != fc_step + 1)
+        want(dev, K_FORECAST, 0); /* once per step named */
 }
 
-void gg_torch_leak(int dev, uint64_t step)
+bool gg_torch_can_check(void)
+{
+    return atomic_load(&callback) && gg_pycall_is_open();
+}
+
+bool gg_torch_leak(int dev, uint64_t step, const struct gg_step_verdict *v)
 {
     uint64_t none = 0;
-    if ((unsigned)dev >= GG_MAX_DEVICES || !atomic_load(&callback) ||
-        !atomic_compare_exchange_strong(&leak_due1[dev], &none, step + 2 + 1))
-        return; /* one at a time per device */
+    if ((unsigned)dev >= GG_MAX_DEVICES || !gg_torch_can_check())
+        return false;
+    if (atomic_exchange(&checking[dev], true))
+        return true; /* one at a time per device: this suspicion waits for its answer */
+    if (!atomic_compare_exchange_strong(&leak_due1[dev], &none, step + 2 + 1)) {
+        atomic_store(&checking[dev], false);
+        return true;
+    }
+    suspect[dev] = *v; /* read when the check answers (this device's due view) */
+    suspect_step[dev] = step;
     gg_atomic_max(&history_until, step + 1);
     atomic_store(&history_want, true);
     schedule(); /* history on now, for step + 1 */
+    return true;
+}
+
+/* A leak check's answer: the tensors one step allocated that the next did
+ * not free (those with a Python stack), `kept` bytes of them; confirmed,
+ * the suspicion is a leak at that rate, said; cleared, it is not. */
+static void leak_checked(int dev, uint64_t step, bool checked, uint64_t kept)
+{
+    struct gg_step_verdict *v = &suspect[dev];
+    const struct gg_device *d = gg_device(dev);
+    atomic_store(&checking[dev], false);
+    uint64_t least = d && d->total / 10000 > (1u << 20) ? d->total / 10000 : 1u << 20;
+    if (checked && kept < least) {
+        gg_steps_leak_cleared(dev, step);
+        return;
+    }
+    if (checked) { /* the rate is what one step kept */
+        v->live_rate = v->rate;
+        v->rate = kept;
+        v->confirmed = true;
+        double left = d ? (double)d->limit - (double)(v->w.live + v->work) : 0;
+        v->projected_step = left <= 0 ? step : step + (uint64_t)(left / (double)kept) + 1;
+    }
+    gg_events_leak(dev, step, v);
+    gg_steps_leak_said(dev, v->rate, v->projected_step);
 }
 
 bool gg_torch_last_view(int dev, uint64_t *unallocated, uint64_t *largest_free)
@@ -224,7 +290,8 @@ static bool call(gpuguard_torch_fn fn, int dev, int kind, int history)
         if (gg_spin_trylock(&issued_lock, 100000)) {
             issued[r.seq % ISSUED] = (struct issued){
                 r.seq, dev, (uint8_t)kind, r.request,
-                atomic_load_explicit(&w->step2[kind], memory_order_relaxed)};
+                atomic_load_explicit(&w->step2[kind], memory_order_relaxed),
+                atomic_load_explicit(&w->ns[kind], memory_order_relaxed)};
             gg_spin_unlock(&issued_lock);
         }
     }
@@ -321,7 +388,7 @@ void gg_torch_answer(const struct gpuguard_torch_view *v)
     memset(&e, 0, sizeof e);
     e.dev = v->dev;
     int kind = kind_of_name(v->why, sizeof v->why);
-    uint64_t step2 = 0, asked_bytes = 0;
+    uint64_t step2 = 0, asked_bytes = 0, asked_ns = 0;
     bool found = false;
     if (v->seq && gg_spin_trylock(&issued_lock, 100000)) {
         const struct issued *is = &issued[v->seq % ISSUED];
@@ -329,6 +396,7 @@ void gg_torch_answer(const struct gpuguard_torch_view *v)
             found = true;
             step2 = is->step2;
             asked_bytes = is->bytes;
+            asked_ns = is->ns;
             if (kind < 0)
                 kind = is->kind;
         }
@@ -358,21 +426,36 @@ void gg_torch_answer(const struct gpuguard_torch_view *v)
     e.request = v->request ? v->request : asked_bytes;
     e.has_request = e.request != 0;
     e.fits = -1;
+    e.asked_ns = asked_ns;
     uint64_t unallocated = v->reserved > v->allocated ? v->reserved - v->allocated : 0;
-    if (e.has_request)
+    /* Whether the request would have fit an unfragmented cache is a fact
+     * of the moment it was made: only the OOM observer's view is of it
+     * (PyTorch raising, its cache emptied, the retry failed); a view read
+     * later, at the main thread's next safe point, is of another moment. */
+    if (e.has_request && e.raised)
         e.fits = e.request > v->largest_free && e.request <= unallocated + free_outside(v->dev);
     e.segments[0] = v->seg_small;
     e.segments[1] = v->seg_large;
     e.segments[2] = v->seg_huge;
     e.segments[3] = v->seg_expandable;
-    e.history = v->history == 1 || kind == K_LEAK;
+    e.history = v->history == 1;
     if (e.history) {
         e.ntensors = v->tensors && v->ntensors > 0 ? v->ntensors : 0;
         if (e.ntensors > GG_TORCH_TENSORS)
             e.ntensors = GG_TORCH_TENSORS;
         e.tensors = v->tensors;
     }
+    uint64_t kept = 0;
+    if (kind == K_LEAK && e.history) { /* the blocks that kept their Python stacks */
+        for (int i = 0; i < e.ntensors; i++)
+            if (e.tensors[i].nframes > 0)
+                kept += e.tensors[i].bytes;
+        e.has_kept = true;
+        e.kept = kept;
+    }
     gg_events_torch(&e);
+    if (kind == K_LEAK && found)
+        leak_checked(v->dev, e.step, e.history, kept);
     atomic_store_explicit(&last_unallocated1[v->dev], unallocated + 1, memory_order_relaxed);
     atomic_store_explicit(&last_largest1[v->dev], v->largest_free + 1, memory_order_relaxed);
 }
@@ -386,6 +469,8 @@ void gg_torch_reset(void)
         atomic_store(&leak_due1[i], 0);
         atomic_store(&last_unallocated1[i], 0);
         atomic_store(&last_largest1[i], 0);
+        atomic_store(&forecast_viewed1[i], 0);
+        atomic_store(&checking[i], false);
     }
     atomic_store(&callback, NULL);
     atomic_store(&scheduled, false);
@@ -394,6 +479,7 @@ void gg_torch_reset(void)
     atomic_store(&history_want, false);
     atomic_store(&history_told, false);
     atomic_store(&history_until, 0);
+    atomic_store(&history_from, 0);
     gg_spin_reset(&issued_lock);
     memset(issued, 0, sizeof issued);
 }

@@ -19,10 +19,13 @@
  *     and the retry worked), and an unasked answer on the device settles it;
  *   - a forecast, which also turns PyTorch's allocation history on for the
  *     step the forecast names, and off again at the boundary that ends it;
- *   - a leak said at step S: history on for step S + 1 only, and at the
- *     boundary of S + 2 (once history is off) the view's tensors are the
+ *   - a leak suspected at step S: history on for step S + 1 only, and at
+ *     the boundary of S + 2 (once history is off) the view's tensors are the
  *     blocks that still carry a Python stack: what step S + 1 allocated and
- *     the step after it did not free.
+ *     the step after it did not free. That is the leak's rate, and the
+ *     suspicion is said as a leak (`leak`) only when it is not nothing:
+ *     live bytes that grow because the step's inputs do, or because the
+ *     cache keeps what it reserved, are not a leak.
  *
  * Nothing here runs on the allocation path: gg_torch_incident is called for
  * incidents only (a relaxed load when nothing is attached).
@@ -46,15 +49,25 @@ bool gg_torch_attach(gpuguard_torch_fn fn);
 void gg_torch_detach(void);
 bool gg_torch_attached(void);
 
-/* An incident (enum gg_incident) of `bytes` on device dev. */
-void gg_torch_incident(int dev, int incident, uint64_t bytes);
+/* An incident (enum gg_incident) of `bytes` on device dev; ask: PyTorch's
+ * view is wanted (else only noted: which kind of failure the observer's
+ * answer is about). */
+void gg_torch_incident(int dev, int incident, uint64_t bytes, bool ask);
 /* Step `step` ended (gpuguard_step), before its forecasts: history asked
  * for the step that ended goes off. */
 void gg_torch_boundary(uint64_t step);
 /* The forecast at this boundary names step fc_step on device dev. */
 void gg_torch_forecast(int dev, uint64_t fc_step);
-/* A leak was said on device dev at the boundary of step `step`. */
-void gg_torch_leak(int dev, uint64_t step);
+/* Can a suspected leak be checked (the instrumentation attached, the
+ * interpreter can be asked)? */
+bool gg_torch_can_check(void);
+/* A leak was suspected on device dev at the boundary of step `step` (v: what
+ * the steps found): checked by PyTorch's history (on for step + 1, read at
+ * the end of step + 2: what step + 1 allocated and kept), then said as a
+ * leak at the rate one step kept, or cleared. False: it cannot be checked
+ * (say it as it is). */
+struct gg_step_verdict;
+bool gg_torch_leak(int dev, uint64_t step, const struct gg_step_verdict *v);
 /* PyTorch's reserved-but-unallocated bytes and largest free block on dev at
  * the last view; false before the first (the metrics). */
 bool gg_torch_last_view(int dev, uint64_t *unallocated, uint64_t *largest_free);

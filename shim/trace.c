@@ -270,10 +270,23 @@ bool gg_trace_early(void)
 
 void gg_trace_api(const char *what, long long a, long long b)
 {
-    if (!strcmp(what, "batch"))
-        put("batch %lld %lld", a, b);
+    if (!strcmp(what, "batch") || !strcmp(what, "needed"))
+        put("%s %lld %lld", what, a, b);
     else
         put("%s %lld", what, a);
+}
+
+void gg_trace_shape(const long long *dims, int ndims, int batch_dim)
+{
+    char text[8 * 24] = "";
+    size_t at = 0;
+    for (int i = 0; dims && i < ndims && i < 8; i++) {
+        int n = snprintf(text + at, sizeof text - at, "%s%lld", i ? "," : "", dims[i]);
+        if (n < 0 || (size_t)n >= sizeof text - at)
+            break;
+        at += (size_t)n;
+    }
+    put("shape %s %d", at ? text : "-", batch_dim);
 }
 
 void gg_trace_after_fork(void)

@@ -35,6 +35,7 @@
  *                                           ByVersion form); MODULE the file
  *                                           that asked
  *   step N | batch BATCH ACCUM | ack SEQ    the C API
+ *   shape D0,D1,... BATCH_DIM | needed DEV BYTES
  *
  * Lookups before the shim starts (a runtime resolving its driver as it
  * loads) are kept and written first. Off unless asked: one relaxed load on
@@ -85,6 +86,8 @@ void gg_trace_lookup(const char *via, const char *name, int version, unsigned lo
  * on the lookup paths only. */
 bool gg_trace_early(void);
 void gg_trace_api(const char *what, long long a, long long b);
+/* gpuguard_step_shape's call: `shape D0,D1,... BATCH_DIM` ("-": no dims). */
+void gg_trace_shape(const long long *dims, int ndims, int batch_dim);
 
 /* The fork story (life.c): a child does not write its parent's trace. */
 void gg_trace_after_fork(void);

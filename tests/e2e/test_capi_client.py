@@ -42,6 +42,11 @@ int main(void)
     if (cudaMalloc(&p, 1ull << 30) != cudaSuccess)
         return 3;
     gpuguard_note("hello from " LANG);
+    {
+        long long dims[2] = {8, 512};       /* the step's token ids: batch first */
+        gpuguard_step_shape(dims, 2, 0);
+        gpuguard_step_needed(0, 1ull << 29); /* its tensors' peak: 512 MiB */
+    }
     gpuguard_step(1);
     for (int i = 0; i < 4; i++)
         pthread_create(&th[i], NULL, poll, &rcs[i]);
@@ -140,6 +145,9 @@ class CApiClient(Case):
         self.assertEqual(out[2:], ["advice 0", "stats of GPU 9: -1", "done"])
         notes = [e["text"] for e in events if e["ev"] == "note"]
         self.assertEqual(notes, ["hello from " + lang])
+        [step] = [e for e in events if e["ev"] == "step"]
+        self.assertEqual((step["shape"], step["tokens"], step["batch"], step["needed"]),
+                         ([8, 512], 4096, 8, 1 << 29))
         self.assertEqual([(e["mode"], e["why"]) for e in events if e["ev"] == "mode"],
                          [("enforce", "trainer registered")])    # gpuguard_set_batch arrived
         start = [e for e in events if e["ev"] == "start"][0]

@@ -129,8 +129,15 @@ class Headroom(Case):
         self.assertEqual(run.rc, 0, run.err)
         self.assertIn("second 2 CUDA out of memory. Tried to allocate 10.00 GiB", run.out)
         s = run.summary()
-        # 14 GiB refused once (cache freed, retried, granted); 10 GiB refused twice
-        self.assertEqual(s["refusals"], 3)
+        # two requests refused: 14 GiB once (cache freed, retried, granted:
+        # recovered), 10 GiB twice (its retry refused too: the same request,
+        # raised to the caller)
+        self.assertEqual(s["refusals"], 2)
+        self.assertEqual(s["refusals_recovered"], 1)
+        refused = run.of("refused")
+        self.assertEqual([(e["bytes"] >> 30, e["retried"], e["recovered"]) for e in refused],
+                         [(14, True, True), (10, True, False)])
+        self.assertEqual(refused[0]["freed"], 10 << 30)  # the flush: the cached 10 GiB
         self.assertEqual(s["allocs"], 2)
         self.assertEqual(s["frees"], 1)
         self.assertEqual(s["ooms"], 0)

@@ -162,13 +162,15 @@ class ReportOfRealJournals(Case):
         lines = out.stdout.splitlines()
         self.assertEqual(lines[0], "gpuguard report: 4 journals, 4 device sections; "
                                    "12 unused devices left out (nothing allocated there)")
-        self.assertRegex(lines[1], r"^  first failure: rank 2 GPU2 %s \(host .*, pid %d\) at "
+        # rank 2's refusal reached the program (its retry was refused too): the
+        # first failure a program saw, by the wall clock
+        self.assertRegex(lines[1], r"^  the first failure the program saw: rank 2 GPU2 %s \(host .*, pid %d\) at "
                                    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d, 0\.\d\d s into the run:$" % (H100, pid2))
         self.assertRegex(lines[2], r"^    refused cudaMalloc of 40\.0 GiB with 3[12]\.\d GiB free under "
                                    r"the limit \(device used 4[01]\.\d GiB, limit 72\.0 GiB, total 80\.0 GiB\)")
         self.assertRegex(lines[3], r"^  rank 0 .* finished after ")
-        self.assertRegex(lines[5], r"^  rank 2 .* killed after .* \(no summary\)  GPU2 %s: .* refusals?; " % H100)
-        self.assertRegex(lines[6], r"^  rank 3 .* killed after .* \(no summary\)  GPU3 %s: .* refusals?; " % H100)
+        self.assertRegex(lines[5], r"^  rank 2 .* killed after .* \(no summary: .*\)  GPU2 %s: .* refusals?" % H100)
+        self.assertRegex(lines[6], r"^  rank 3 .* killed after .* \(no summary: .*\)  GPU3 %s: .* refusals?" % H100)
         sections = [l for l in lines if l.startswith("-- GPU")]
         self.assertEqual(sections, ["-- GPU%d %s" % (r, H100) for r in range(4)])
 
@@ -426,14 +428,15 @@ class ReportOfSteps(Case):
         self.assertRegex(text.splitlines()[1],
                          r"^  pid \d+ \(\S+\) GPU0 NVIDIA GeForce RTX 3090: forecast at step \d+ "
                          r"\(.*\): step \d+ would peak at [\d.]+ GiB, over the near-miss line "
-                         r"\(21\.0 GiB\); advised batch \d+ x accum \d+, before any near miss")
+                         r"\(21\.0 GiB\); would have advised \(no trainer heard it\) halving the "
+                         r"batch \(never told, nor seen\), before any near miss")
 
     def test_steps_and_the_leak_by_its_line(self):
         run, res, text = self.stepper("leak", 80)
         script = res["script"]
         steps = [e["step"] for e in run.of("step")]
-        self.assertIn("   steps        %d .. %d (%d journaled" % (steps[0], steps[-1], len(steps)),
-                      text)
+        self.assertIn("   steps        %d .. %d (%d steps, %d journaled" % (
+            steps[0], steps[-1], len(steps), len(steps)), text)
         self.assertNotIn("unknown events", text)
         # 64 MiB a step kept: the shim names the leak within 50 steps, by its line
         self.assertTrue(run.of("leak"), "no leak event in 80 steps of 64 MiB each")

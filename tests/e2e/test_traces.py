@@ -73,7 +73,7 @@ class GoldenTraces(Case):
         and the helper reacting to advice."""
         names = {os.path.basename(p)[:-len(".trace")] for p in self.traces()}
         for want in ("train-default", "train-expandable", "oom-default", "oom-expandable",
-                     "oom-async", "helper-grow"):
+                     "oom-async", "helper-grow", "seq-grow", "doc-lengths"):
             self.assertIn(want, names)
         for p in self.traces():
             h = read_header(p)
@@ -92,6 +92,29 @@ class GoldenTraces(Case):
                     got = run.summary(int(want.pop("dev")))
                     for k, v in want.items():
                         self.assertEqual(got[k], int(v), "%s: %s" % (os.path.basename(path), k))
+
+    def test_growing_and_varying_inputs_replay_their_story(self):
+        """Issue 30's traces: each step's input and need (the instrumentation's
+        shape and needed lines) replayed give the shim the same story: the
+        growing run's flushes step after step, then the failure that reached
+        the program; the long batch forecast by its tokens before it
+        allocates."""
+        run, _ = replay(self, os.path.join(TRACES, "seq-grow.trace"))
+        steps = run.of("step")
+        self.assertEqual([e["shape"] for e in steps[:3]], [[8, 128], [8, 256], [8, 384]])
+        self.assertTrue(all(e["needed"] < e["peak"] for e in steps))
+        refused = run.of("refused")
+        self.assertTrue(all(e["recovered"] for e in refused[:-1]))
+        last = refused[-1]
+        self.assertEqual((last["recovered"], last["retried"], last["step"]), (False, True, 26))
+        self.assertEqual(last["shape"], [8, 26 * 128])
+        run, _ = replay(self, os.path.join(TRACES, "doc-lengths.trace"))
+        [fc] = [a for a in run.of("advice") if a["reason"] == "forecast"]
+        self.assertEqual(fc["forecast"]["step"], 18)
+        long = [e for e in run.of("refused") if e["step"] == 18]
+        self.assertEqual(long[-1]["shape"], [8, 7556])
+        self.assertFalse(long[-1]["recovered"])
+        self.assertLess(fc["t"], long[0]["t"])
 
     def test_a_refusal_replays_as_a_refusal(self):
         """The replay's refusals are the shim's decisions, made again: with no

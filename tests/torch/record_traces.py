@@ -33,7 +33,8 @@ def record(name, where):
     sc = SCENARIOS[name]
     policy = torchrig.write_policy(where, name + ".ini", sc["policy"])
     run = torchrig.run(sc["script"], *sc["args"], policy=policy, devices=DEVICE, trace=True,
-                       env={"PYTORCH_CUDA_ALLOC_CONF": sc["conf"]}, parent=where)
+                       env={"PYTORCH_CUDA_ALLOC_CONF": sc["conf"]}, parent=where,
+                       gpuguard_run=[] if sc.get("gpuguard_run") else None)
     if run.rc != 0 or len(run.traces) != 1 or len(run.files) != 1:
         raise SystemExit("record %s: exit %d, %d traces, %d journals\n%s" %
                          (name, run.rc, len(run.traces), len(run.files), run.err[-3000:]))
@@ -64,7 +65,7 @@ def main():
         with open(out) as f:
             calls = sum(1 for l in f if l and l.split(" ", 1)[0] in (
                 "alloc", "free", "map", "unmap", "release", "pool", "meminfo", "lookup", "step",
-                "batch", "ack"))
+                "batch", "ack", "shape", "needed"))
         print("recorded %s: %d calls" % (os.path.relpath(out, torchrig.ROOT), calls))
 
 

@@ -54,27 +54,37 @@ class Instrumented(TorchCase):
         self.assertRan(run)
         return run
 
-    def step_peaks(self):
+    def step_needs(self):
+        """Each step's device-wide need: what its tensors held at its peak
+        (the step line's needed) and the device's use that is not the
+        process's: what the forecast follows."""
         run = self.run_("grow.py", "--steps", str(GROW_STEPS),
                         policy=self.write_policy("wide.ini", policy(TOTAL - GiB, 0)))
-        return [e["peak_used"] for e in run.of("step")]
+        return [e["needed"] + e["peak_used"] - e["peak"] for e in run.of("step")]
 
     def test_a_growing_run_gets_a_forecast_and_its_steps_tensors_by_line(self):
-        peaks = self.step_peaks()
-        self.assertEqual(len(peaks), GROW_STEPS)
-        # the near-miss line between steps 9 and 10, the limit a near-miss margin above
-        line = (peaks[8] + peaks[9]) // 2
+        needs = self.step_needs()
+        self.assertEqual(len(needs), GROW_STEPS)
+        # the near-miss line between the needs of steps 9 and 10, the limit a
+        # near-miss margin above
+        line = (needs[8] + needs[9]) // 2
         margin = 64 * MiB
         run = self.run_("grow.py", "--steps", str(GROW_STEPS),
                         policy=self.write_policy("grow.ini", policy(line + margin, margin)))
         fc = [a for a in run.of("advice") if a["reason"] == "forecast"]
         self.assertTrue(fc, run.err[-2000:])
         step = fc[0]["forecast"]["step"]
+        # the tensors' need is forecast a few steps ahead: named at the
+        # boundary of an earlier step, whose view comes then
+        steps = [e["step"] for e in run.of("step") if e["t"] <= fc[0]["t"]]
+        self.assertLess(steps[-1], step)
+        self.assertLessEqual(step - steps[-1], 3)
         views = run.of("torch")
         forecast = [v for v in views if v["why"] == "forecast"]
         self.assertTrue(forecast, views)
-        self.assertEqual(forecast[0]["step"], step)
-        self.assertIn("tensors", forecast[0])  # history on from here
+        self.assertEqual(forecast[0]["step"], steps[-1] + 1)
+        # history on for the step it names only: none before it
+        self.assertTrue(all("tensors" not in v for v in views if v["step"] < step), views)
         # the step's first near miss: PyTorch's live blocks at the step's peak, by line
         near = [v for v in views if v["why"] == "near_miss" and v["step"] == step]
         self.assertTrue(near, views)

@@ -71,8 +71,11 @@ class ProgramsOwnHistory(TorchCase):
         probe = self.torch("grow.py", "--steps", "12", gpuguard_run=[],
                            policy=self.write_policy("wide.ini", policy(TOTAL - GiB, 0)))
         self.assertRan(probe)
-        peaks = [e["peak_used"] for e in probe.of("step")]
-        line = (peaks[8] + peaks[9]) // 2
+        # The forecast follows the tensors' device-wide need (what PyTorch's
+        # tensors held at the step's peak, plus what is not the process's):
+        # the line between steps 9's and 10's.
+        need = [e["needed"] + e["peak_used"] - e["peak"] for e in probe.of("step")]
+        line = (need[8] + need[9]) // 2
         margin = 64 * MiB
         pol = self.write_policy("grow.ini", policy(line + margin, margin))
         run = self.torch("grow.py", "--steps", "12", gpuguard_run=[], policy=pol)

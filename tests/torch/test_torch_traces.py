@@ -15,7 +15,8 @@ from torchrig import ROOT, TorchCase  # noqa: E402
 
 TRACES = os.path.join(ROOT, "tests", "traces")
 
-CALLS = ("lookup", "alloc", "free", "map", "unmap", "release", "pool", "meminfo", "step", "batch", "ack")
+CALLS = ("lookup", "alloc", "free", "map", "unmap", "release", "pool", "meminfo", "step", "batch", "ack",
+         "shape", "needed")
 
 
 def calls(path):

@@ -238,8 +238,43 @@ def write_policy(directory, name, text):
     return session().inside(path)
 
 
+def verdict_problems(paths):
+    """Every verdict the report gives on a moment of these journals, held to
+    the figures of that moment (gpuguard.report.workload.check), and the
+    text's own: a verdict of fragmentation or real demand only where its
+    figures are of the failure's moment (PyTorch raising), never of a view
+    read later. [] when all hold."""
+    sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
+    from gpuguard.journal import read_journals
+    from gpuguard.report.text import text_report
+    from gpuguard.report.workload import check, judgements
+    import argparse
+    journals, _ = read_journals(paths)
+    problems = []
+    for j in journals:
+        for judged in judgements(j):
+            problems += ["%s: %s %r" % (j.path, c, judged) for c in check(judged)]
+    opts = argparse.Namespace(recommend=False, depth=12, top_down=False, threshold=1.0,
+                              frames=4, native=False)
+    title = ""
+    for line in text_report(journals, [], opts).splitlines():
+        if line.startswith("   PyTorch's allocator"):
+            title = line
+        elif not line.startswith("     "):
+            title = ""
+        for word in ("real demand", "fragmentation"):
+            if word not in line:
+                continue
+            head = line[:line.index(word)]
+            if "raised" not in title and "raised OutOfMemoryError" not in head:
+                problems.append("a verdict of %s not of the failure's moment: %s" % (word, line))
+    return problems
+
+
 class TorchCase(unittest.TestCase):
-    """A test that runs real PyTorch in the rig; skipped, saying how, without one."""
+    """A test that runs real PyTorch in the rig; skipped, saying how, without
+    one. After each, every verdict the report gives on the journals it made
+    is held to its own figures (verdict_problems)."""
 
     @classmethod
     def setUpClass(cls):
@@ -248,6 +283,12 @@ class TorchCase(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="t-", dir=self.sess.host_dir)
         os.chmod(self.tmp, 0o777)
+        self.addCleanup(self.check_verdicts)
+
+    def check_verdicts(self):
+        paths = glob.glob(os.path.join(self.tmp, "**", "gpuguard.*.jsonl"), recursive=True)
+        if paths:
+            self.assertEqual(verdict_problems(paths), [])
 
     def write_policy(self, name, text):
         return write_policy(self.tmp, name, text)

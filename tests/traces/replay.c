@@ -394,6 +394,25 @@ static int capi(char **t, int n)
             f((unsigned)strtoul(t[1], NULL, 10));
         return f ? 0 : -1;
     }
+    if (!strcmp(t[0], "shape") && n >= 3) { /* shape D0,D1,... BATCH_DIM ("-": none) */
+        void (*f)(const long long *, int, int) = dlsym(RTLD_DEFAULT, "gpuguard_step_shape");
+        long long dims[8];
+        int nd = 0;
+        for (char *p = t[1]; *p && *p != '-' && nd < 8; nd++) {
+            dims[nd] = strtoll(p, &p, 10);
+            if (*p == ',')
+                p++;
+        }
+        if (f)
+            f(dims, nd, atoi(t[2]));
+        return f ? 0 : -1;
+    }
+    if (!strcmp(t[0], "needed") && n >= 3) {
+        void (*f)(int, unsigned long long) = dlsym(RTLD_DEFAULT, "gpuguard_step_needed");
+        if (f)
+            f(atoi(t[1]), strtoull(t[2], NULL, 10));
+        return f ? 0 : -1;
+    }
     return -1;
 }
 
@@ -456,7 +475,8 @@ int main(int argc, char **argv)
             want = atoi(t[n - 1]);
         } else if (!strcmp(t[0], "meminfo")) {
             got = meminfo(t, n, why, sizeof why);
-        } else if (!strcmp(t[0], "step") || !strcmp(t[0], "batch") || !strcmp(t[0], "ack")) {
+        } else if (!strcmp(t[0], "step") || !strcmp(t[0], "batch") || !strcmp(t[0], "ack") ||
+                   !strcmp(t[0], "shape") || !strcmp(t[0], "needed")) {
             got = capi(t, n);
         } else {
             fprintf(stderr, "replay: %s:%lu: unknown line: %s\n", argv[1], lineno, line);

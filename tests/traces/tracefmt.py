@@ -172,7 +172,7 @@ def golden(raw_lines, start, summary, args):
                 dropped["runtime meminfo"] += 1
                 continue
             calls.append(" ".join(t))
-        elif kind in ("step", "batch", "ack"):
+        elif kind in ("step", "batch", "ack", "shape", "needed"):
             calls.append(" ".join(t))
         else:
             raise SystemExit("tracefmt: unknown raw line: %s" % " ".join(t))
@@ -194,7 +194,8 @@ def golden(raw_lines, start, summary, args):
     for kv in args.env or []:
         out.append("env %s" % kv)
     keys = ("peak", "peak_used", "allocs", "frees", "near_misses", "refusals", "ooms",
-            "live_bytes", "live_allocs")
+            "refusals_recovered", "ooms_recovered", "steps", "flush_steps", "live_bytes",
+            "live_allocs")
     for d in summary["devices"]:
         out.append("expect dev=%d %s" % (d["dev"], " ".join("%s=%d" % (k, d[k]) for k in keys if k in d)))
     for kv in args.torch or []:

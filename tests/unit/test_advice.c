@@ -30,7 +30,7 @@ static void ack(unsigned seq)
 
 static void setup(int batch, int accum, int min)
 {
-    policy = (struct gg_trainer_policy){0, 0, min, 0};
+    policy = (struct gg_trainer_policy){0, 0, min, 0, 0, true};
     struct gg_advice a;
     if (gg_advice_pending(&a))
         ack(a.seq); /* clear what an earlier test left */
@@ -121,6 +121,28 @@ static void test_policy_batch_and_raise_result(void)
     CHECK(was.batch_size == 16 && was.grad_accum == 2);
 }
 
+/* Advice no trainer can hear is never acknowledged: a zone entry and a
+ * forecast are each said once (what would have been advised), and do not
+ * stop one another; a refusal or an OOM always advises. */
+static void test_unheard_advice_once_per_kind(void)
+{
+    struct gg_advice a;
+    setup(32, 1, 1);
+    policy.heard = false;
+    CHECK(gg_advice_raise(0, GG_REASON_NEAR_MISS, &policy, &a));
+    CHECK(!gg_advice_raise(0, GG_REASON_NEAR_MISS, &policy, &a));
+    CHECK(gg_advice_raise(0, GG_REASON_FORECAST, &policy, &a));
+    CHECK(!gg_advice_raise(0, GG_REASON_FORECAST, &policy, &a));
+    CHECK(gg_advice_raise(0, GG_REASON_OOM, &policy, &a));
+    CHECK(gg_advice_raise(0, GG_REASON_OOM, &policy, &a));
+    CHECK_EQ_U64(a.batch_size, 16);
+    /* heard, the zone is armed until the ack as before */
+    policy.heard = true;
+    CHECK(gg_advice_raise(0, GG_REASON_NEAR_MISS, &policy, &a));
+    CHECK(!gg_advice_raise(0, GG_REASON_FORECAST, &policy, &a));
+    ack(a.seq);
+}
+
 /* A signal handler on the thread that holds the lock never runs inside it:
  * the lock's holder blocks signals. Raised from a handler, advice still
  * works (the handler is not re-entered into a held lock). */
@@ -176,6 +198,7 @@ int main(void)
     RUN(test_unknown_batch);
     RUN(test_threads_one_pending);
     RUN(test_policy_batch_and_raise_result);
+    RUN(test_unheard_advice_once_per_kind);
     RUN(test_signal_handler_reads_advice);
     return unit_done();
 }

@@ -85,14 +85,23 @@ static void test_incident_and_advice(void)
     gg_advice_set_batch((struct gg_batch){32, 1}, &was);
     signal(SIGUSR2, SIG_DFL);
     gg_react(&c, &v);
+    /* said once the caller's next move is known: here its retry of the same
+     * request, which works (PyTorch emptied its cache) */
+    CHECK(line_of("refused") == NULL);
+    struct gg_verdict freed = {.freed = 3 * GiB}, retried = {.settle = true};
+    gg_react_free(&freed);
+    gg_react(&c, &retried);
     const char *l = line_of("refused");
     CHECK(l && strstr(l, "\"dev\":0,\"api\":\"cudaMalloc\",\"bytes\":2147483648,"
                          "\"used\":22548578304,\"limit\":23622320128,\"total\":25769803776,"
                          "\"count\":0,\"caller\":\"libc.so.6\",\"reserved\":0,\"allocated\":0,"
+                         "\"recovered\":true,\"retried\":true,\"freed\":3221225472,"
+                         "\"freed_count\":1,\"freed_largest\":3221225472,"
                          "\"stack\":[],\"pystack\":[]}"));
+    CHECK_EQ_U64(atomic_load(&gg_devices[0].refusals_recovered), 1);
     l = line_of("advice");
     CHECK(l && strstr(l, "\"dev\":0,\"batch_size\":16,\"grad_accum\":2,\"reason\":\"refused\","
-                         "\"signaled\":false}"));
+                         "\"signaled\":false,\"heard\":true}")); /* a trainer registered */
     struct gg_verdict nm = {.incident = GG_INCIDENT_NEAR_MISS, .journal = false, .count = 9};
     gg_react(&c, &nm);
     CHECK(line_of("near_miss") == NULL); /* sampled out: advice only */
@@ -130,9 +139,11 @@ static void test_batch_and_summary(void)
     atomic_store(&gg_devices[0].pool_reserved, 2 * GiB);
     atomic_store(&gg_devices[0].pool_used, 512 * MiB);
     atomic_store(&gg_devices[0].peak_pool_reserved, 2 * GiB);
-    gg_events_summary(1.5, true);
+    gg_events_summary(1.5, true, NULL);
     const char *l = line_of("summary");
-    CHECK(l && strstr(l, "\"live_bytes\":3221225472,\"live_allocs\":0,\"reserved\":3221225472,"
+    CHECK(l && strstr(l, "\"live_bytes\":3221225472,\"live_allocs\":0,\"step\":null,\"steps\":0,"
+                         "\"flush_steps\":0,\"advice\":0,\"advice_unheard\":0,"
+                         "\"reserved\":3221225472,"
                          "\"allocated\":1610612736,\"pool_reserved\":2147483648,"
                          "\"pool_allocated\":536870912,\"peak_pool_reserved\":2147483648,"));
     CHECK(l && strstr(l, "\"duration\":1.500000"));

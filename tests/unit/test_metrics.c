@@ -111,7 +111,10 @@ static void test_render(void)
     struct gg_device *d = &gg_devices[0];
     struct gg_metrics_config c = config(dir, 15);
     CHECK(gg_metrics_open(&c));
-    /* steps whose peaks climb 400 MiB each: a forecast, and its advice */
+    /* steps whose peaks climb 400 MiB each: a forecast, and its advice,
+     * which no trainer hears here (none registered, no handler): journaled,
+     * not counted as advice given */
+    uint64_t unheard = gg_react_unheard(0);
     struct gg_step_verdict v = {0};
     uint64_t step = 0, peak = 0;
     gg_steps_reset(0);
@@ -122,10 +125,11 @@ static void test_render(void)
         gg_atomic_max(&d->window_peak, peak);
         gg_atomic_max(&d->window_used, peak);
         atomic_store(&d->current, 3 * GiB);
-        gg_steps_boundary(d, 0, step, true, &v);
+        gg_steps_boundary(d, 0, step, true, NULL, &v);
         gg_react_step(0, step, &v);
     }
     CHECK(v.forecast && v.fc_step == step + 1);
+    CHECK_EQ_U64(gg_react_unheard(0), unheard + 1);
     size_t n = gg_metrics_render(text, sizeof text);
     CHECK(n > 0 && n == strlen(text) && text[n - 1] == '\n');
     /* the labels, escaped, in DCGM's names and order first */
@@ -161,7 +165,7 @@ static void test_render(void)
     snprintf(want, sizeof want, "%s} %llu\n# HELP gpuguard_leak_bytes_per_step", LBL,
              (unsigned long long)v.fc_bytes);
     CHECK(strstr(text, want) != NULL);
-    snprintf(want, sizeof want, "%s,reason=\"forecast\"} 1\n", LBL);
+    snprintf(want, sizeof want, "%s,reason=\"forecast\"} 0\n", LBL); /* not heard */
     CHECK(strstr(text, want) != NULL);
     snprintf(want, sizeof want, "%s,reason=\"oom\"} 0\n", LBL);
     CHECK(strstr(text, want) != NULL);
@@ -473,7 +477,7 @@ static int rewrite(const char *where, long n, long pause_us)
     gg_torch_answer(&tv); /* PyTorch's view: its metrics have series too */
     for (long i = 1; i <= n; i++) {
         struct gg_step_verdict v;
-        gg_steps_boundary(&gg_devices[0], 0, (uint64_t)i, false, &v);
+        gg_steps_boundary(&gg_devices[0], 0, (uint64_t)i, false, NULL, &v);
         atomic_store(&gg_devices[0].current, (uint64_t)i * MiB);
         atomic_store(&gg_devices[0].window_peak, (uint64_t)i * MiB);
         if (!gg_metrics_write())

@@ -39,7 +39,7 @@ static void step(struct gg_device *d, uint64_t n, uint64_t peak, uint64_t live,
     gg_atomic_max(&d->window_peak, peak);
     gg_atomic_max(&d->window_used, peak + others); /* the device-wide peak */
     atomic_store(&d->current, live);
-    gg_steps_boundary(d, 0, n, forecast, v);
+    gg_steps_boundary(d, 0, n, forecast, NULL, v);
 }
 
 static void test_trend(void)
@@ -149,6 +149,7 @@ static void test_leak(void)
         uint64_t live = 2 * GiB + n * 64 * MiB + (uint64_t)(noise(&seed) * 32 * MiB + 32 * MiB);
         step(d, n, live + 3 * GiB, live, &v, true);
         if (v.leak) {
+            gg_steps_leak_said(0, v.rate, v.projected_step); /* nothing here confirms it */
             reports++;
             if (!found) {
                 found = n;
@@ -215,6 +216,137 @@ static void test_leak_found_early_by_rate(void)
     }
 }
 
+/* One step with the tensors' need told: the cache peaked at `peak`, the
+ * tensors at `need`. */
+static void step_need(struct gg_device *d, uint64_t n, uint64_t peak, uint64_t need,
+                      uint64_t live, struct gg_step_verdict *v)
+{
+    gg_steps_needed(0, need);
+    step(d, n, peak, live, v, true);
+}
+
+/* A growing sequence with the default allocator: the tensors' need climbs
+ * 740 MiB a step, smoothly, while the cache's peaks jump ahead of it and
+ * fall back at each flush (PyTorch empties its cache and retries). The
+ * forecast follows the need: it names the step whose need crosses the
+ * near-miss line, which the peaks' zig-zag never would; and a cache that
+ * climbs while its tensors' need stays flat fakes none. */
+static void test_forecast_follows_the_need(void)
+{
+    struct gg_device *d = setup();
+    struct gg_step_verdict v;
+    uint64_t line = d->limit - d->near, first = 0;
+    for (uint64_t n = 1; n <= 40 && !first; n++) {
+        uint64_t need = GiB + n * 740 * MiB;
+        /* the cache: twice the need, less after every third step's flush */
+        uint64_t peak = need * 2 > 23 * GiB ? 23 * GiB : need * 2;
+        if (n % 3 == 0)
+            peak = need + 64 * MiB;
+        step_need(d, n, peak, need, peak / 2, &v);
+        CHECK(v.has_needed && v.needed == need);
+        if (v.forecast) {
+            first = n;
+            CHECK(v.fc_need);
+            /* three steps ahead: the step whose need crosses the line */
+            CHECK_EQ_U64(v.fc_step, n + 3);
+            CHECK(need + 2 * 740 * MiB <= line && need + 3 * 740 * MiB > line);
+            CHECK(llabs((long long)v.fc_bytes - (long long)(need + 3 * 740 * MiB)) < 64 * MiB);
+        }
+    }
+    CHECK_EQ_U64(first, (line - GiB) / (740 * MiB) - 2); /* three steps before the need crosses */
+    /* the cache fills (reserved climbs to the zone and stays there), the
+     * tensors' need does not grow: no forecast */
+    setup();
+    for (uint64_t n = 1; n <= 40; n++) {
+        uint64_t peak = 4 * GiB + n * 600 * MiB;
+        step_need(d, n, peak > 21 * GiB ? 21 * GiB : peak, 3 * GiB, GiB, &v);
+        CHECK(!v.forecast);
+    }
+    /* without the need told, the peaks as before */
+    setup();
+    for (uint64_t n = 1; n <= 40 && !v.forecast; n++)
+        step(d, n, 12 * GiB + n * 400 * MiB, 4 * GiB, &v, true);
+    CHECK(v.forecast && !v.fc_need);
+}
+
+static uint64_t shape_tokens(int64_t b, int64_t t)
+{
+    return (uint64_t)(b * t);
+}
+
+/* Long-tailed lengths: the need follows the tokens of each step's input,
+ * not the step: no trend by step, a line by tokens, and a step whose input
+ * lies beyond the run's is predicted from it before it runs. */
+static void test_shapes_and_the_prediction_by_tokens(void)
+{
+    struct gg_device *d = setup();
+    struct gg_step_verdict v;
+    unsigned seed = 11;
+    uint64_t bytes;
+    bool beyond;
+    CHECK(!gg_steps_predict(d, 0, 8 * 1000, &bytes, &beyond, NULL)); /* no steps yet */
+    for (uint64_t n = 1; n <= 30; n++) {
+        seed = seed * 1103515245u + 12345u;
+        int64_t len = 300 + (int64_t)((seed >> 8) % 1700);
+        struct gg_shape in = {.ndims = 2, .batch_dim = 0, .dims = {8, len},
+                              .tokens = shape_tokens(8, len)};
+        gg_steps_shape(&in);
+        gg_steps_needed(0, GiB + in.tokens * 192 * 1024); /* 192 KiB a token */
+        struct gg_shape told;
+        CHECK(gg_steps_take_shape(&told) && told.tokens == in.tokens);
+        CHECK(!gg_steps_take_shape(&told)); /* the next step starts with none */
+        uint64_t peak = GiB + in.tokens * 300 * 1024;
+        atomic_store(&d->current, peak);
+        gg_atomic_max(&d->window_peak, peak);
+        gg_atomic_max(&d->window_used, peak);
+        atomic_store(&d->current, GiB);
+        gg_steps_boundary(d, 0, n, true, &in, &v);
+        CHECK(!v.forecast); /* random lengths: no trend by step */
+        CHECK(v.input.dims[1] == len && gg_shape_batch(&v.input) == 8);
+    }
+    CHECK(gg_steps_seen_batch() == 8);
+    CHECK(gg_steps_predict(d, 0, shape_tokens(8, 1000), &bytes, &beyond, NULL));
+    CHECK(!beyond);
+    CHECK(llabs((long long)bytes - (long long)(GiB + 8000ull * 192 * 1024)) < 16 * MiB);
+    uint64_t most;
+    CHECK(gg_steps_predict(d, 0, shape_tokens(8, 7556), &bytes, &beyond, &most));
+    CHECK(beyond && bytes > 12 * GiB && bytes < 13 * GiB);
+    CHECK(most > GiB + 8ull * 1900 * 192 * 1024 && most < bytes); /* the longest so far's */
+    /* told twice in one step (micro-batches): the largest is the step's */
+    struct gg_shape a = {.ndims = 2, .batch_dim = 1, .dims = {512, 4}, .tokens = 2048},
+                    b = {.ndims = 2, .batch_dim = 1, .dims = {256, 4}, .tokens = 1024}, got;
+    gg_steps_shape(&a);
+    gg_steps_shape(&b);
+    CHECK(gg_steps_shape_now(&got) && got.tokens == 2048 && gg_shape_batch(&got) == 4);
+    CHECK(gg_steps_seen_batch() == 4);
+    gg_steps_take_shape(&got);
+    struct gg_shape none = {.ndims = 1, .batch_dim = -1, .dims = {7}, .tokens = 7};
+    CHECK(gg_shape_batch(&none) == 0);
+}
+
+/* A suspicion its check cleared (nothing one step allocated outlived the
+ * next: the cache, or growing inputs) is not raised again for a while,
+ * and the quiet doubles. */
+static void test_cleared_leak_stays_quiet(void)
+{
+    struct gg_device *d = setup();
+    struct gg_step_verdict v;
+    uint64_t suspected[8], k = 0;
+    for (uint64_t n = 1; n <= 120 && k < 8; n++) {
+        step(d, n, 2 * GiB + n * 64 * MiB + 3 * GiB, 2 * GiB + n * 64 * MiB, &v, false);
+        if (v.leak) {
+            suspected[k++] = n;
+            gg_steps_leak_cleared(0, n);
+        }
+    }
+    CHECK(k >= 3);
+    CHECK(suspected[1] - suspected[0] >= 16);
+    CHECK(suspected[2] - suspected[1] >= 32);
+    struct gg_steps_now now;
+    gg_steps_now(0, &now);
+    CHECK_EQ_U64(now.leak_rate, 0); /* nothing said */
+}
+
 int main(void)
 {
     RUN(test_trend);
@@ -222,5 +354,8 @@ int main(void)
     RUN(test_flat_noisy_runs_never);
     RUN(test_leak);
     RUN(test_leak_found_early_by_rate);
+    RUN(test_forecast_follows_the_need);
+    RUN(test_shapes_and_the_prediction_by_tokens);
+    RUN(test_cleared_leak_stays_quiet);
     return unit_done();
 }

@@ -120,8 +120,8 @@ static void test_nothing_is_asked_without_the_instrumentation(void)
     gg_torch_reset();
     gg_pycall_test_use(fake_add, NULL);
     queued = 0;
-    gg_torch_incident(0, GG_INCIDENT_NEAR_MISS, MiB);
-    gg_torch_incident(0, GG_INCIDENT_REFUSED, MiB);
+    gg_torch_incident(0, GG_INCIDENT_NEAR_MISS, MiB, true);
+    gg_torch_incident(0, GG_INCIDENT_REFUSED, MiB, true);
     gg_torch_forecast(0, 5);
     CHECK_EQ_U64(queued, 0);
 }
@@ -130,7 +130,7 @@ static void test_the_first_near_miss_of_a_step_asks_once(void)
 {
     fresh();
     for (int i = 0; i < 5; i++)
-        gg_torch_incident(0, GG_INCIDENT_NEAR_MISS, (uint64_t)(i + 1) * MiB);
+        gg_torch_incident(0, GG_INCIDENT_NEAR_MISS, (uint64_t)(i + 1) * MiB, true);
     CHECK_EQ_U64(queued, 1); /* one call queued, whatever comes after */
     run_pending();
     CHECK_EQ_U64(ngot, 1);
@@ -140,12 +140,12 @@ static void test_the_first_near_miss_of_a_step_asks_once(void)
     CHECK_EQ_U64(got[0].history, 0);
     CHECK(got[0].seq != 0);
     unsigned seq = got[0].seq;
-    gg_torch_incident(0, GG_INCIDENT_NEAR_MISS, MiB); /* same step: asked already */
+    gg_torch_incident(0, GG_INCIDENT_NEAR_MISS, MiB, true); /* same step: asked already */
     CHECK_EQ_U64(queued, 0);
     run_pending();
     CHECK_EQ_U64(ngot, 0);
     gg_torch_boundary(1); /* a new step: its first near miss asks */
-    gg_torch_incident(0, GG_INCIDENT_NEAR_MISS, 2 * MiB);
+    gg_torch_incident(0, GG_INCIDENT_NEAR_MISS, 2 * MiB, true);
     CHECK_EQ_U64(queued, 1);
     run_pending();
     CHECK_EQ_U64(ngot, 1);
@@ -158,8 +158,8 @@ static void test_the_first_near_miss_of_a_step_asks_once(void)
 static void test_refusals_ask_every_time_until_answered(void)
 {
     fresh();
-    gg_torch_incident(0, GG_INCIDENT_REFUSED, 64 * MiB);
-    gg_torch_incident(0, GG_INCIDENT_OOM, 32 * MiB);
+    gg_torch_incident(0, GG_INCIDENT_REFUSED, 64 * MiB, true);
+    gg_torch_incident(0, GG_INCIDENT_OOM, 32 * MiB, true);
     run_pending();
     CHECK_EQ_U64(ngot, 2);
     CHECK_STR(got[0].why, "refused");
@@ -172,7 +172,7 @@ static void test_refusals_ask_every_time_until_answered(void)
 static void test_an_unasked_answer_settles_the_failure(void)
 {
     fresh();
-    gg_torch_incident(0, GG_INCIDENT_REFUSED, 64 * MiB);
+    gg_torch_incident(0, GG_INCIDENT_REFUSED, 64 * MiB, true);
     struct gpuguard_torch_view v;
     memset(&v, 0, sizeof v);
     v.dev = 0;
@@ -198,7 +198,7 @@ static void test_forecast_turns_history_on_for_its_step_only(void)
     CHECK_STR(got[0].why, "forecast");
     CHECK_EQ_U64(got[0].history, 1); /* on before the view */
     /* step 5 runs; its first near miss, then its boundary: history off after the view */
-    gg_torch_incident(0, GG_INCIDENT_NEAR_MISS, MiB);
+    gg_torch_incident(0, GG_INCIDENT_NEAR_MISS, MiB, true);
     gg_torch_boundary(5);
     run_pending();
     CHECK_EQ_U64(ngot, 1);
@@ -243,14 +243,21 @@ static void test_history_alone_is_a_request_without_a_view(void)
 static void test_a_leak_records_one_step_and_asks_after_the_next(void)
 {
     fresh();
+    struct gg_step_verdict sus;
+    memset(&sus, 0, sizeof sus);
+    sus.leak = true;
+    sus.since_step = 4;
+    sus.rate = 80 * MiB; /* the live bytes' trend: the cache grows with it */
+    sus.w.live = 2 * GiB;
+    sus.work = 4 * GiB;
     gg_torch_boundary(17);
-    gg_torch_leak(0, 17);
+    CHECK(gg_torch_leak(0, 17, &sus));
     CHECK_EQ_U64(queued, 1);
     run_pending(); /* history on for step 18, no view yet */
     CHECK_EQ_U64(ngot, 1);
     CHECK_STR(got[0].why, "");
     CHECK_EQ_U64(got[0].history, 1);
-    gg_torch_leak(0, 17); /* said again meanwhile: one at a time */
+    CHECK(gg_torch_leak(0, 17, &sus)); /* said again meanwhile: one at a time */
     CHECK_EQ_U64(queued, 0);
     gg_torch_boundary(18); /* history off; no view: step 18's tensors may still be freed */
     run_pending();
@@ -276,12 +283,40 @@ static void test_a_leak_records_one_step_and_asks_after_the_next(void)
     gg_torch_answer(&v);
     const char *l = last_line("torch");
     CHECK(l && strstr(l, "\"why\":\"leak\",\"step\":20,"));
+    CHECK(l && strstr(l, "\"kept\":20971520,"));
     CHECK(l && strstr(l, "\"tensors\":[{\"bytes\":20971520,\"count\":10,"));
+    /* confirmed: a leak at the rate one step kept, not the live bytes' trend */
+    l = last_line("leak");
+    CHECK(l && strstr(l, "\"since_step\":4,\"step\":20,\"rate\":20971520,\"confirmed\":true,"
+                         "\"live_rate\":83886080,"));
     gg_torch_boundary(20);
     run_pending();
     CHECK_EQ_U64(ngot, 0);
+    /* a check that finds nothing kept (the live bytes grew with the inputs,
+     * or the cache kept what it reserved): no leak is said */
+    CHECK(gg_torch_leak(0, 20, &sus));
+    run_pending();
+    gg_torch_boundary(21);
+    run_pending();
+    gg_torch_boundary(22);
+    run_pending();
+    CHECK_EQ_U64(ngot, 1);
+    CHECK_STR(got[0].why, "leak");
+    int leaks = count_of("leak");
+    static struct gpuguard_torch_tensor rest = {GiB, 100, NULL, NULL, 0}; /* no stack: older */
+    memset(&v, 0, sizeof v);
+    v.seq = got[0].seq;
+    v.history = 1;
+    v.tensors = &rest;
+    v.ntensors = 1;
+    gg_torch_answer(&v);
+    l = last_line("torch");
+    CHECK(l && strstr(l, "\"why\":\"leak\",\"step\":23,") && strstr(l, "\"kept\":0,"));
+    CHECK_EQ_U64(count_of("leak"), leaks);
     /* a forecast's history holds the leak's view back until it is off */
-    gg_torch_leak(0, 20);
+    fresh();
+    gg_torch_boundary(19);
+    gg_torch_leak(0, 20, &sus);
     run_pending();
     gg_torch_forecast(0, 23);
     run_pending();
@@ -304,7 +339,7 @@ static void test_an_answer_is_a_torch_line(void)
     struct gg_device *d = &gg_devices[0];
     atomic_store(&d->current, 20 * GiB); /* 2 GiB free under the 22 GiB limit */
     gg_torch_boundary(7);
-    gg_torch_incident(0, GG_INCIDENT_NEAR_MISS, 4 * GiB);
+    gg_torch_incident(0, GG_INCIDENT_NEAR_MISS, 4 * GiB, true);
     run_pending();
     CHECK_EQ_U64(ngot, 1);
     struct gpuguard_torch_view v;
@@ -323,9 +358,12 @@ static void test_an_answer_is_a_torch_line(void)
     CHECK(l && strstr(l, "\"dev\":0,\"why\":\"near_miss\",\"step\":8,"));
     CHECK(l && strstr(l, "\"reserved\":8589934592,\"allocated\":5368709120,\"unallocated\":3221225472,"
                          "\"largest_free\":1073741824,\"inactive_split\":536870912,"
-                         "\"request\":4294967296,\"fits_unfragmented\":true"));
+                         "\"request\":4294967296,\"fits_unfragmented\":null"));
     CHECK(l && !strstr(l, "\"tensors\"")); /* history was off */
     CHECK(l && !strstr(l, "\"raised\"")); /* asked: not the observer's */
+    /* read later than the near miss it was asked about: no verdict of its
+     * moment from it, and the moment it was asked about said */
+    CHECK(l && strstr(l, "\"asked\":") && !strstr(l, "\"asked\":null"));
     /* 6 GiB would not have fit in 3 GiB of cache and 2 GiB of device: demand */
     v.seq = 0;
     v.request = 6 * GiB;
@@ -395,7 +433,7 @@ static void *incidents(void *arg)
     v.dev = 0;
     v.reserved = GiB;
     while (!atomic_load(&stop)) {
-        gg_torch_incident(0, me % 2 ? GG_INCIDENT_NEAR_MISS : GG_INCIDENT_REFUSED, MiB);
+        gg_torch_incident(0, me % 2 ? GG_INCIDENT_NEAR_MISS : GG_INCIDENT_REFUSED, MiB, true);
         gg_torch_answer(&v); /* an OOM observer on another thread, unasked */
     }
     return NULL;
@@ -434,7 +472,7 @@ static void test_detach_stops_asking(void)
     gg_torch_detach();
     CHECK(!gg_torch_attached());
     CHECK(!gg_pycall_is_open());
-    gg_torch_incident(0, GG_INCIDENT_REFUSED, MiB);
+    gg_torch_incident(0, GG_INCIDENT_REFUSED, MiB, true);
     CHECK_EQ_U64(queued, 0);
     run_pending(); /* a call queued before the detach runs: it does nothing */
     CHECK_EQ_U64(ngot, 0);

@@ -2,8 +2,9 @@
 
 The shim exports five functions (include/gpuguard.h) that every version has
 (FUNCTIONS) and, in newer versions, more (OPTIONAL: ``gpuguard_step``,
-``gpuguard_policy``, and the torch instrumentation's ``gpuguard_torch_*`` and
-``gpuguard_backward`` with their structures). When
+``gpuguard_policy``, ``gpuguard_step_shape`` and ``gpuguard_step_needed``,
+``gpuguard_uncaught``, and the torch instrumentation's ``gpuguard_torch_*``
+and ``gpuguard_backward`` with their structures). When
 it is preloaded they are in the process's global scope and
 ``ctypes.CDLL(None)`` finds them; when it is not, the lookup fails and the
 helper stays inert. A shim without an optional function is still the shim:
@@ -32,7 +33,8 @@ FUNCTIONS = ("gpuguard_stats", "gpuguard_advice", "gpuguard_ack",
 #: Functions of newer shims; an older shim without them is still the shim.
 OPTIONAL = ("gpuguard_step", "gpuguard_policy", "gpuguard_torch_attach",
             "gpuguard_torch_detach", "gpuguard_torch_view", "gpuguard_backward",
-            "gpuguard_torch_raise")
+            "gpuguard_torch_raise", "gpuguard_step_shape", "gpuguard_step_needed",
+            "gpuguard_uncaught")
 #: Called with the GIL held (it takes a reference to a Python object).
 _WITH_GIL = ("gpuguard_torch_raise",)
 
@@ -148,6 +150,9 @@ _SIGNATURES = {
     "gpuguard_torch_view": (None, [ctypes.POINTER(TorchView)]),
     "gpuguard_backward": (None, [ctypes.POINTER(PyFrame), ctypes.c_int, ctypes.c_char_p]),
     "gpuguard_torch_raise": (None, [ctypes.py_object]),
+    "gpuguard_step_shape": (None, [ctypes.POINTER(ctypes.c_longlong), ctypes.c_int, ctypes.c_int]),
+    "gpuguard_step_needed": (None, [ctypes.c_int, ctypes.c_ulonglong]),
+    "gpuguard_uncaught": (None, [ctypes.c_char_p]),
 }
 
 STATS_FIELDS = tuple(name for name, _ in GpuguardStats._fields_)

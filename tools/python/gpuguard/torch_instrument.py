@@ -29,7 +29,26 @@ preloaded (``ctypes.CDLL(None)`` has its functions) it installs:
   carry their Python stacks are what step S + 1 allocated and kept, by line;
 - **where backward starts**: ``torch.autograd.backward`` (which
   ``Tensor.backward`` calls) is wrapped to hand the caller's Python frames
-  to the shim (``gpuguard_backward``) before the engine runs.
+  to the shim (``gpuguard_backward``) before the engine runs;
+- **each step's input**: a global module forward pre-hook
+  (``torch.nn.modules.module.register_module_forward_pre_hook``), armed at
+  each step boundary and removed by its first call, so only the step's first
+  module call pays: the outermost module's input (its largest tensor, keyword
+  arguments included) and the batch dimension (the second for a model whose
+  transformer layers take the sequence first), told before the step
+  allocates (``gpuguard_step_shape``);
+- **what each step's tensors needed**: at each boundary PyTorch's peak of
+  allocated bytes (``allocated_bytes.all.peak``) is told to the shim
+  (``gpuguard_step_needed``) and the peak counters reset, while the program
+  keeps seeing its own: ``torch._C._cuda_memoryStats`` and
+  ``_cuda_resetPeakMemoryStats`` (under ``torch.cuda.memory_stats``,
+  ``max_memory_allocated``, ``reset_peak_memory_stats`` and the rest) are
+  wrapped to report every peak since the program's own last reset; a step
+  in which the program reset them itself has no need told (unknown, not
+  guessed);
+- **an uncaught exception**: ``sys.excepthook`` is chained to tell the shim
+  what the program is dying of (``gpuguard_uncaught``) before the hook it
+  replaces runs.
 
 It never raises into the program (every hook swallows its own errors),
 never changes what the program computes (it only reads PyTorch's allocator,
@@ -43,6 +62,7 @@ through, and the view hands it back to the shim, which raises it into the
 program (``gpuguard_torch_raise``). Standard library only.
 """
 import atexit
+import ctypes
 import functools
 import os
 import sys
@@ -70,6 +90,10 @@ OBSERVER_ALWAYS = 8
 
 GiB = 1 << 30
 _CODES_MAX = 4096
+#: Module calls of a step tried for its input when they carry no tensor.
+_SHAPE_TRIES = 8
+#: Dimensions of a step's input told (the shim keeps 8).
+_SHAPE_DIMS = 8
 #: nn.Module's call plumbing: never the op.
 _PLUMBING = ("_call_impl", "_wrapped_call_impl")
 
@@ -192,6 +216,24 @@ class _Instrument(object):
         self._sites = {}                   # (id(code), lasti, ...) -> a backward call site's frames
         self._threads = {}                 # id(thread) -> (thread, its name as bytes)
         self._attached = False
+        #: Steps' inputs (the forward pre-hook) and needs (PyTorch's peaks).
+        self.fn_shape = native.function("gpuguard_step_shape")
+        self.fn_needed = native.function("gpuguard_step_needed")
+        self.fn_uncaught = native.function("gpuguard_uncaught")
+        self.shapes = 0                    # step inputs told
+        self.needs = 0                     # step needs told
+        self._shape_hook = None            # the armed pre-hook's handle
+        self._register_pre = None
+        self._shape_tries = 0
+        self._dims = (ctypes.c_longlong * _SHAPE_DIMS)()  # the input's shape, for the shim
+        self._batch_dims = {}              # id(module) -> (module ref, batch dimension)
+        self._real_stats = None            # torch._C's own functions, when wrapped
+        self._real_reset = None
+        self._held = {}                    # dev -> {(stat, pool): the program's peak we reset}
+        self._peak_keys = None             # the (stat, pool) pairs that have a peak
+        self._reset_by_program = set()     # devices whose peaks the program reset this step
+        self._ndev = None
+        self._framed_before = set()        # blocks with a stack when history last went on
 
     # --- installing ------------------------------------------------------------
 
@@ -207,6 +249,9 @@ class _Instrument(object):
             register(self._on_step)
         self._wrap_backward()
         self._wrap_record()
+        self._watch_inputs()
+        self._watch_peaks()
+        self._watch_exit()
         if self.fn_attach is not None:
             self._callback = _native.TORCH_FN(self._on_request)
             self.can_ask = bool(self.fn_attach(self._callback))
@@ -276,10 +321,229 @@ class _Instrument(object):
             elif clock is not optimizer:
                 return  # another optimizer of the same iteration
             self.steps += 1
+            self.boundary()
             self.fn_step(self.steps)
         except BaseException as e:
             if _from_signal(e):
                 raise  # a signal handler's: the program's, as without gpuguard
+
+    def boundary(self):
+        """Just before a step boundary is told (the optimizer hook's, or a
+        Guard's): what the step's tensors needed, and the input hook armed
+        for the next step. Never raises."""
+        for part in (self._tell_needs, self._arm_inputs):
+            try:
+                part()
+            except BaseException as e:
+                if _from_signal(e):
+                    raise  # a signal handler's: the program's, as without gpuguard
+
+    # --- each step's input ---------------------------------------------------------
+
+    def _watch_inputs(self):
+        if self.fn_shape is None:
+            return
+        nn_module = sys.modules.get("torch.nn.modules.module")  # torch's import made it
+        self._register_pre = getattr(nn_module, "register_module_forward_pre_hook", None)
+        self._arm_inputs()
+
+    def _arm_inputs(self):
+        if self._register_pre is not None and self._shape_hook is None:
+            self._shape_tries = 0
+            self._shape_hook = self._register_pre(self._on_forward)
+
+    def _disarm_inputs(self):
+        hook, self._shape_hook = self._shape_hook, None
+        if hook is not None:
+            hook.remove()
+
+    def _on_forward(self, module, args):
+        """The global forward pre-hook: the step's first module call (the
+        outermost module's) gives the step's input, then the hook goes until
+        the next boundary (a call with no tensor tries again, a few times)."""
+        try:
+            kwargs = None
+            caller = sys._getframe(1)  # nn.Module._call_impl's inner(): its kwargs
+            code = caller.f_code
+            if code.co_name == "inner" and "kwargs" in code.co_freevars:
+                kwargs = caller.f_locals.get("kwargs")
+            tensor = self._largest(args, kwargs)
+            self._shape_tries += 1
+            if tensor is None and self._shape_tries < _SHAPE_TRIES:
+                return None
+            self._disarm_inputs()
+            if tensor is None:
+                return None
+            shape = tensor.shape  # torch.Size: a tuple of ints
+            n = min(len(shape), _SHAPE_DIMS)
+            if not n:
+                return None
+            dims = self._dims
+            dims[:n] = shape[:n]
+            self.fn_shape(dims, n, self._batch_dim(module, n))
+            self.shapes += 1
+        except BaseException as e:
+            if _from_signal(e):
+                raise  # a signal handler's: the program's, as without gpuguard
+        return None
+
+    def _largest(self, args, kwargs):
+        """The tensor with the most elements among the arguments (one level
+        into lists, tuples and dicts), the first of equals."""
+        Tensor = self.torch.Tensor
+        if len(args) == 1 and not kwargs and type(args[0]) is Tensor:
+            return args[0]  # the common case: model(x)
+        best, most = None, -1
+        for values in (args, kwargs.values() if isinstance(kwargs, dict) else ()):
+            for v in values:
+                inner = (v.values() if isinstance(v, dict) else
+                         v if isinstance(v, (list, tuple)) else (v,))
+                for t in inner:
+                    if isinstance(t, Tensor):
+                        n = t.numel()
+                        if n > most:
+                            best, most = t, n
+        return best
+
+    def _batch_dim(self, module, ndims):
+        """The batch's dimension of the input of `module`: the second when a
+        layer inside takes the sequence first (batch_first False: PyTorch's
+        transformer layers, attention and RNNs by default), else the first."""
+        if ndims < 2:
+            return 0
+        entry = self._batch_dims.get(id(module))
+        if entry is not None and entry[0]() is module:
+            return entry[1]
+        dim = 0
+        for m in module.modules():
+            first = getattr(m, "batch_first", None)
+            if first is False:
+                dim = 1
+                break
+        if len(self._batch_dims) >= _CODES_MAX:
+            self._batch_dims.clear()
+        self._batch_dims[id(module)] = (weakref.ref(module), dim)
+        return dim
+
+    # --- what each step's tensors needed ------------------------------------------
+
+    def _watch_peaks(self):
+        """Wrap PyTorch's peak counters so the program sees its own peaks
+        while the instrumentation resets them at every step."""
+        C = getattr(self.torch, "_C", None)
+        stats = getattr(C, "_cuda_memoryStats", None)
+        reset = getattr(C, "_cuda_resetPeakMemoryStats", None)
+        if stats is None or reset is None or self.fn_needed is None or \
+                getattr(stats, "_gpuguard_original", None) is not None:
+            return
+        inst = self
+
+        def memory_stats(device, *args, **kwargs):
+            out = stats(device, *args, **kwargs)
+            try:
+                held = inst._held.get(int(device))
+                if held and isinstance(out, dict):
+                    for (name, pool), peak in held.items():
+                        entry = out.get(name)
+                        entry = entry.get(pool) if pool is not None and isinstance(entry, dict) \
+                            else entry
+                        if isinstance(entry, dict) and entry.get("peak", peak) < peak:
+                            entry["peak"] = peak
+            except BaseException as e:
+                if _from_signal(e):
+                    raise
+            return out
+
+        def reset_peaks(device, *args, **kwargs):
+            try:
+                dev = int(device)
+                inst._held.pop(dev, None)
+                inst._reset_by_program.add(dev)  # this step's own peak is lost
+            except BaseException as e:
+                if _from_signal(e):
+                    raise
+            return reset(device, *args, **kwargs)
+
+        for wrapper, original in ((memory_stats, stats), (reset_peaks, reset)):
+            functools.update_wrapper(wrapper, original)
+            wrapper._gpuguard_original = original
+        C._cuda_memoryStats = memory_stats
+        C._cuda_resetPeakMemoryStats = reset_peaks
+        self._real_stats, self._real_reset = stats, reset
+
+    def _tell_needs(self):
+        """Each device's peak of allocated bytes since the last boundary: the
+        step's need; the peaks then start again (and the program's are kept
+        aside, as the wrappers show them)."""
+        if self._real_stats is None:
+            return
+        cuda = self.torch.cuda
+        if not cuda.is_initialized():
+            return
+        if self._ndev is None:
+            self._ndev = int(cuda.device_count())
+        for dev in range(self._ndev):
+            stats = self._real_stats(dev)
+            held = self._held.get(dev)
+            if held is None:
+                held = self._held[dev] = {}
+            keys = self._peak_keys
+            if keys is None:
+                keys = self._peak_keys = self._peaks_in(stats)
+            get = held.get
+            for key in keys:  # the program's peaks, kept as they would have been
+                name, pool = key
+                try:
+                    peak = (stats[name] if pool is None else stats[name][pool])["peak"]
+                except (KeyError, TypeError):
+                    continue
+                if peak > get(key, -1):
+                    held[key] = peak
+            self._real_reset(dev)
+            if dev in self._reset_by_program:
+                continue  # the program reset its peaks within the step: not known
+            self.fn_needed(dev, int(stats["allocated_bytes"]["all"]["peak"]))
+            self.needs += 1
+        self._reset_by_program.clear()
+
+    @staticmethod
+    def _peaks_in(stats):
+        """The (stat, pool) of every peak in PyTorch's nested statistics
+        (pool None: a stat without pools)."""
+        keys = []
+        for name, entry in stats.items():
+            if not isinstance(entry, dict):
+                continue
+            if "peak" in entry:
+                keys.append((name, None))
+                continue
+            keys.extend((name, pool) for pool, e in entry.items()
+                        if isinstance(e, dict) and "peak" in e)
+        return tuple(keys)
+
+    # --- the end ---------------------------------------------------------------------
+
+    def _watch_exit(self):
+        """Chain sys.excepthook: an uncaught exception is told to the shim
+        (the summary says what the program died of) before the hook it
+        replaces runs."""
+        if self.fn_uncaught is None:
+            return
+        previous = sys.excepthook
+        tell = self.fn_uncaught
+
+        def excepthook(etype, value, tb):
+            try:
+                name = getattr(etype, "__qualname__", None) or getattr(etype, "__name__", "?")
+                module = getattr(etype, "__module__", "") or ""
+                if module and module != "builtins":
+                    name = module + "." + name
+                text = str(value).strip().splitlines()
+                tell(_utf8("%s: %s" % (name, text[0]) if text else name, 480))
+            except Exception:
+                pass
+            return previous(etype, value, tb)
+        sys.excepthook = excepthook
 
     # --- backward ------------------------------------------------------------------
 
@@ -357,12 +621,15 @@ class _Instrument(object):
                 history, dev, seq, why, request = r.history, r.dev, r.seq, r.why, r.request
             except Exception:
                 return
-            off_first = history < 0 and why == b"leak"  # a leak's view reads history off
-            for part in (history > 0 and self._history_on,
-                         off_first and self._history_off,
+            # A leak's view reads what the last window left, history off: off
+            # before it, and on (the next window) only after it.
+            leak = why == b"leak"
+            for part in (history > 0 and not leak and self._history_on,
+                         history < 0 and leak and self._history_off,
                          dev >= 0 and why and not (why in (b"refused", b"oom") and self._in_observer())
                          and (lambda: self._answer(dev, seq, request, why)),
-                         history < 0 and not off_first and self._history_off):
+                         history > 0 and leak and self._history_on,
+                         history < 0 and not leak and self._history_off):
                 if part:
                     try:
                         part()  # each on its own: a backend without history still gets its view
@@ -420,6 +687,15 @@ class _Instrument(object):
         if self._history_enabled():
             self.user_history = True  # the program's own: used, never turned off
             return
+        # The blocks that carry a stack already (an earlier window's): not
+        # this window's, whatever a later view finds on them.
+        try:
+            self._framed_before = {
+                b.get("address") for seg in cuda.memory._snapshot()["segments"]
+                for b in seg.get("blocks", ())
+                if b.get("state") == "active_allocated" and b.get("frames")}
+        except Exception:
+            self._framed_before = set()
         self._record(cuda)(enabled="all", context="alloc", stacks="python",
                            max_entries=HISTORY_MAX_ENTRIES)
         self.history = True
@@ -480,14 +756,18 @@ class _Instrument(object):
             view.largest_free = max(0, view.reserved - view.allocated)
         else:
             self._segments(view, segments)
-            if self.history or (self.user_history and self._history_enabled()):
+            own = self.user_history and self._history_enabled()
+            if why == b"leak":
+                # history off again: the blocks that kept their Python
+                # stacks are what its step allocated and never freed (with
+                # the program's own history on, every block has a stack:
+                # the check cannot tell, history 0 says so)
+                if not own:
+                    view.history = 1
+                    keep = self._tensors(view, segments, None, at_peak=False)
+            elif self.history or own:
                 view.history = 1
                 keep = self._tensors(view, segments, snapshot, at_peak=why == b"near_miss")
-            elif why == b"leak":
-                # history off again: the blocks that kept their Python
-                # stacks are what its step allocated and never freed
-                view.history = 1
-                keep = self._tensors(view, segments, None, at_peak=False)
         self.views += 1
         self.fn_view(view)
         del keep  # what the view's pointers pointed into
@@ -583,13 +863,14 @@ class _Instrument(object):
         trace = traces[view.dev] if isinstance(traces, list) and view.dev < len(traces) else None
         if trace:
             blocks, before, nbefore = self._window(view, segments, trace, at_peak)
-        else:  # history without a trace (the program's own "state"): the blocks now
+        else:  # history without a trace (a leak check's, once off): the blocks now
             blocks, before, nbefore = [], 0, 0
+            earlier = self._framed_before
             for s in segments:
                 for b in s.get("blocks", ()):
                     if b.get("state") != "active_allocated":
                         continue
-                    if b.get("frames"):
+                    if b.get("frames") and b.get("address") not in earlier:
                         blocks.append(b)
                     else:
                         before += int(b.get("size", 0))

@@ -173,12 +173,16 @@ class Process(object):
         self.events.append({"t": t, "ev": "sample", "dev": dev, "current": current, "used": used})
 
     def incident(self, kind, t, dev, nbytes, used, api="cudaMalloc", count=None,
-                 stack=ALLOC_STACK, pystack=ALLOC_PYSTACK, thread=None):
+                 stack=ALLOC_STACK, pystack=ALLOC_PYSTACK, thread=None, **moment):
+        """moment: issue 30's fields of the incident's own moment (reserved,
+        step, shape, tokens; for a failure recovered, retried, freed,
+        freed_largest)."""
         d = self.devices[dev]
         e = {"t": t, "ev": kind, "dev": dev, "api": api, "bytes": nbytes, "used": used,
              "limit": d["limit"], "total": d["total"]}
         if count:
             e["count"] = count
+        e.update(moment)
         e["stack"] = stack
         e["pystack"] = pystack
         if not pystack and thread:
@@ -195,14 +199,20 @@ class Process(object):
 
     def torch(self, t, dev, why, step=None, reserved=None, allocated=None, unallocated=None,
               largest_free=None, inactive_split=0, request=None, fits=None, segments=None,
-              tensors=None):
+              tensors=None, raised=None, asked=None, kept=None):
         """PyTorch's caching allocator at a moment that mattered (issue 23's
-        contract); tensors: [(bytes, count, pystack, op)] or None (history
-        off: no `tensors` key)."""
+        contract; issue 30's raised, asked and kept); tensors: [(bytes,
+        count, pystack, op)] or None (history off: no `tensors` key)."""
         e = {"t": t, "ev": "torch", "dev": dev, "why": why, "step": step, "reserved": reserved,
              "allocated": allocated, "unallocated": unallocated, "largest_free": largest_free,
              "inactive_split": inactive_split, "request": request, "fits_unfragmented": fits,
              "segments": segments if segments is not None else {"small": 3, "large": 12}}
+        if raised:
+            e["raised"] = True
+        if asked is not None or raised is not None:
+            e["asked"] = asked
+        if kept is not None:
+            e["kept"] = kept
         if tensors is not None:
             e["tensors"] = [{"bytes": b, "count": c, "pystack": py, "op": op}
                             for b, c, py, op in tensors]
@@ -216,11 +226,15 @@ class Process(object):
     def note(self, t, text):
         self.events.append({"t": t, "ev": "note", "text": text})
 
-    def step(self, t, step, dev, peak, peak_used, live):
+    def step(self, t, step, dev, peak, peak_used, live, **inputs):
+        """inputs: issue 30's fields of the step's input and need (shape,
+        tokens, batch, needed, flushes)."""
         self.peak[dev] = max(self.peak.get(dev, 0), peak)
         self.peak_used[dev] = max(self.peak_used.get(dev, 0), peak_used)
-        self.events.append({"t": t, "ev": "step", "step": step, "dev": dev, "peak": peak,
-                            "peak_used": peak_used, "live": live})
+        e = {"t": t, "ev": "step", "step": step, "dev": dev, "peak": peak,
+             "peak_used": peak_used, "live": live}
+        e.update(inputs)
+        self.events.append(e)
 
     def batch(self, t, dev, batch, accum, peak, was=None):
         """was: (batch, accum) of the phase that ended, when the shim knew it."""

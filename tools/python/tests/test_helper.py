@@ -234,9 +234,11 @@ class StructTest(unittest.TestCase):
         self.assertEqual(_native.OPTIONAL, ("gpuguard_step", "gpuguard_policy",
                                             "gpuguard_torch_attach", "gpuguard_torch_detach",
                                             "gpuguard_torch_view", "gpuguard_backward",
-                                            "gpuguard_torch_raise"))
+                                            "gpuguard_torch_raise", "gpuguard_step_shape",
+                                            "gpuguard_step_needed", "gpuguard_uncaught"))
         self.assertFalse(older.has("gpuguard_torch_raise"))  # a shim before it: views swallow
         self.assertFalse(older.has("gpuguard_torch_view"))   # a shim before the instrumentation
+        self.assertFalse(older.has("gpuguard_step_shape"))   # a shim before steps in shapes
         self.assertIsNone(older.function("gpuguard_torch_view"))
         self.assertIsNone(older.policy(0))                 # a shim before gpuguard_policy
         _native.set_library(types.SimpleNamespace(**base))

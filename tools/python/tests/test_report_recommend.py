@@ -166,6 +166,69 @@ def growing_trainer(phases, last_step, peak_of=growing):
     return p
 
 
+def capped(b, step):
+    """A growing sequence's step peaks as PyTorch's cache reserves them: up
+    to the limit's neighbourhood and held there, whatever the batch."""
+    return min(20 * GiB, 6 * GiB + 30 * MiB * step * step + 10 * MiB * b)
+
+
+def squared(b, step):
+    """Step peaks that grow with the step's square: a fit of the batch
+    terms through them predicts the batch the run finished with over the
+    line."""
+    return 6 * GiB + 30 * MiB * step * step
+
+
+class FinishedRun(Base):
+    """Issue 30: a run that finished (at batch 2, advised down from 4 and
+    8 as its sequence grew) whose step peaks are the cache's, near the
+    limit whatever the batch: --recommend proposes a batch the run
+    survived and says why no larger one, never a fit that calls a batch
+    it finished over the line."""
+
+    def test_the_batch_it_survived(self):
+        for peak_of in (capped, squared):
+            with self.subTest(peak_of=peak_of.__name__):
+                run = growing_trainer([(8, 1, 6), (4, 2, 14), (2, 4, 30)], 30, peak_of=peak_of)
+                [r] = self.recommend(run)
+                self.assertEqual((r.batch, r.accum), (2, 4))
+                self.assertIn("the largest batch this run finished", r.why)
+                self.assertIn("which it survived; no larger one is proposed: ", r.why)
+                out = self.report("--recommend", run.write(self.tmp))
+                self.assertIn("%s: each batch of 8 as 4 micro-batches of at most 2 (effective 8)"
+                              % RTX, out)
+                self.assertNotIn("predicted not to fit", out)
+                self.assertNotIn("even batch 1", out)
+
+    def test_a_fit_the_run_contradicts_is_refused(self):
+        run = growing_trainer([(8, 1, 6), (4, 2, 14), (2, 4, 30)], 30, peak_of=squared)
+        [r] = self.recommend(run)
+        self.assertIsNone(r.model)
+        self.assertRegex(r.refused_fit, r"predicts batch 2 over \S+ GiB at its steps 15-30, "
+                                        r"which it finished")
+
+    def test_the_batch_gpuguard_run_saw(self):
+        """No batch events (an unmodified script under gpuguard-run): the
+        batch is its steps' inputs' batch dimension; one batch is no fit,
+        and the report says so."""
+        p = shimlike.Process([shimlike.device(0, RTX, TOTAL, HEADROOM, NEAR, cc="8.6")])
+        p.mode(1.0, 0)
+        t = 1.0
+        for step in range(1, 21):
+            t += 0.5
+            peak = 6 * GiB + 16 * step * 40 * MiB
+            p.sample(t, 0, peak, peak + CONTEXT)
+            p.step(t, step, 0, peak, peak + CONTEXT, 6 * GiB, shape=[16, 256 * step],
+                   tokens=16 * 256 * step, batch=16, needed=peak - GiB)
+        p.summary(t + 1)
+        [r] = self.recommend(p)
+        self.assertIsNone(r.batch)
+        self.assertEqual([(b, source) for b, _, source in r.points], [(16, "steps")])
+        out = self.report("--recommend", p.write(self.tmp))
+        self.assertIn("%s: no recommendation: 1 fitted point (16: 18.5 GiB) is not enough to fit "
+                      "peak = fixed + per sample x batch" % RTX, out)
+
+
 class GrowingRun(Base):
     """Issue of first contact: on the demo's journal --recommend proposed
     batch 16 x 2 although the same run had to leave 16 for 8 at step 19: a
@@ -359,8 +422,8 @@ class Recommend(Base):
         run = trainer([(8, 4, 2)])
         run.events = [e for e in run.events if e["ev"] != "batch"]
         out = self.report("--recommend", run.write(self.tmp))
-        self.assertIn("%s: no recommendation: no `batch` events: the trainer never told the guard "
-                      "its batch" % RTX, out)
+        self.assertIn("%s: no recommendation: no `batch` events and no step lines with a batch: "
+                      "the trainer never told the guard its batch" % RTX, out)
 
     def test_ranks_pool_per_gpu_model(self):
         # rank 0 and rank 1 on RTX 3090s: one point each, two together;

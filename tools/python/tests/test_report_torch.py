@@ -117,11 +117,15 @@ class Base(unittest.TestCase):
         p.backward(2.0, self.bwpy, step=812, count=812)
         p.incident("near_miss", 2.1, 0, 512 * MiB, 71 * GiB, stack=RIG_FORWARD,
                    pystack=RIG_FORWARD_PYSTACK)
+        # the failure's own moment (the shim's ledger): PyTorch held 30 GiB,
+        # its flush released 8 GiB, the retry failed too: raised
         p.incident("oom", 2.5, 0, 1300 * MiB, 71 * GiB, stack=MM_BACKWARD, pystack=[],
-                   thread="pt_autograd_0")
+                   thread="pt_autograd_0", reserved=30 * GiB, step=812, recovered=False,
+                   retried=True, freed=8 * GiB, freed_largest=1 * GiB)
+        # PyTorch's OOM observer's view, as it raised: its cache emptied
         figures = dict(step=812, reserved=22 * GiB, allocated=18 * GiB + 100 * MiB,
                        unallocated=3994 * MiB, largest_free=512 * MiB, inactive_split=GiB,
-                       request=1229 * MiB, fits=True,
+                       request=1229 * MiB, fits=True, raised=True,
                        segments={"small": 412, "large": 37, "expandable": 0},
                        tensors=[(12800 * MiB, 18, FWD18, "aten::mm"),
                                 (6144 * MiB, 9, FWD18, "aten::gelu"),
@@ -221,6 +225,21 @@ class MergedStacks(Base):
         self.assertEqual(nm[-2:], ["  py#3 /home/me/model.py:24 in Attention.forward",
                                    "  py#6 /home/me/model.py:44 in Block.forward"])
 
+    def test_a_global_forward_hooks_closure_is_call_machinery_too(self):
+        # With a global forward pre-hook (gpuguard-run's, or the program's
+        # own) nn.Module runs the forward inside a closure, `inner`: one more
+        # frame of torch's call machinery, never a line of the user's.
+        inner = {"file": "/usr/lib/python3/dist-packages/torch/nn/modules/module.py",
+                 "line": 1793, "func": "Module._call_impl.<locals>.inner"}
+        hooked = RIG_FORWARD_PYSTACK[:3] + [inner] + RIG_FORWARD_PYSTACK[3:]
+        out, _ = self.report(self.journal(pystack=hooked))
+        plain, _ = self.report(self.journal())
+        self.assertNotIn("<locals>.inner", out)
+        def unnumbered(report):  # py#N counts the journal's frames, the closure's too
+            return [[re.sub(r"py#\d+ ", "py# ", line) for line in g]
+                    for g in groups_of(report, "Near misses")]
+        self.assertEqual(unnumbered(out), unnumbered(plain))
+
     def test_native_shows_every_frame(self):
         out = self.main("--native", self.journal())
         (nm,) = groups_of(out, "Near misses")
@@ -298,7 +317,11 @@ class MergedStacks(Base):
             {"stack": MM_BACKWARD, "pystack": [], "thread": "pt_autograd_0", "bytes": 6 * GiB,
              "allocs": 3}]
         out = self.main("--threshold", "0", p.write(self.tmp))
-        tree = [line[5:] for line in out[out.index("Allocation sites at the peak:"):].splitlines()[1:]
+        # PyTorch's sites hold segments of its cache, said as such
+        head = "Segments of PyTorch's cache at the peak, by the line that grew the cache for them"
+        self.assertIn(head, out)
+        self.assertNotIn("Allocation sites at the peak", out)
+        tree = [line[5:] for line in out[out.index(head):].splitlines()[1:]
                 if line.startswith("     ")]
         self.assertEqual(tree[1:9], [
             "->60.00% (12.0 GiB) 6 allocs: /home/me/model.py:24 in Attention.forward",
@@ -379,14 +402,18 @@ class BackwardByLineAndOp(Base):
 class Verdict(Base):
     SENTENCE = ("    OOM at step 812 in backward of `loss.backward()` (%s:57 in train_step), "
                 "`MmBackward0` asked 1.2 GiB: 18.5 GiB held by 27 activations from "
-                "/home/me/model.py:18 in Block.forward; 3.9 GiB reserved but unallocated, largest "
-                "free block 512 MiB: fragmentation; `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:"
-                "True` would have fit it")
+                "/home/me/model.py:18 in Block.forward; at the failure the process held 30 GiB "
+                "on the device (gpuguard's ledger) and PyTorch's flush released 8 GiB before its "
+                "retry; as PyTorch raised OutOfMemoryError (its cache emptied, its retry failed): "
+                "3.9 GiB reserved but unallocated, largest free block 512 MiB: fragmentation; "
+                "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` would have fit it")
 
     def test_backward_oom_in_pytorchs_terms(self):
         out, page = self.report(self.backward_oom())
         lines = out.splitlines()
-        self.assertTrue(lines[1].startswith("  first failure: rank 0 GPU0 NVIDIA H100 80GB HBM3"))
+        # raised (the retry failed too), the program caught it: the first it saw
+        self.assertTrue(lines[1].startswith("  the first failure the program saw: rank 0 GPU0 "
+                                            "NVIDIA H100 80GB HBM3"), lines[1])
         self.assertTrue(lines[2].endswith(", asked from backward of `loss.backward()` (%s:57 in "
                                           "train_step), MmBackward0, aten::mm" % self.train),
                         lines[2])
@@ -396,9 +423,10 @@ class Verdict(Base):
 
     def test_the_device_block(self):
         out, page = self.report(self.backward_oom())
-        block = out[out.index("   PyTorch's allocator at"):].splitlines()[:8]
+        block = out[out.index("   PyTorch's allocator as it raised"):].splitlines()[:8]
         self.assertEqual(block, [
-            "   PyTorch's allocator at the OOM (step 812), 2.60 s:",
+            "   PyTorch's allocator as it raised OutOfMemoryError (its cache emptied, its retry "
+            "failed) (step 812), 2.60 s:",
             "     reserved 22.0 GiB, allocated 18.1 GiB, reserved but unallocated 3.9 GiB, largest "
             "free block 512.0 MiB, inactive split 1.0 GiB",
             "     segments: 412 small, 37 large, 0 expandable",
@@ -410,7 +438,8 @@ class Verdict(Base):
             "        2.0 GiB  4 tensors   /home/me/model.py:30 in Attention.forward  (aten::addmm)",
             ""])
         # the HTML: the same figures, the tensors as a table
-        self.assertIn("<h4>PyTorch&#x27;s allocator at the OOM (step 812), 2.60 s</h4>", page)
+        self.assertIn("<h4>PyTorch&#x27;s allocator as it raised OutOfMemoryError (its cache "
+                      "emptied, its retry failed) (step 812), 2.60 s</h4>", page)
         rows = re.findall(r'<table class="tensors">(.*?)</table>', page, re.S)
         self.assertEqual(len(rows), 1)
         cells = [html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", rows[0])]
@@ -425,22 +454,38 @@ class Verdict(Base):
                    pystack=RIG_FORWARD_PYSTACK)
         p.torch(2.3, 0, "refused", step=40, reserved=70 * GiB, allocated=69900 * MiB,
                 unallocated=100 * MiB, largest_free=20 * MiB, request=512 * MiB, fits=False,
-                tensors=[(6 * GiB, 3, FWD30, None)])
+                tensors=[(6 * GiB, 3, FWD30, None)], raised=True)
         p.summary(3.0)
         out = self.main(p.write(self.tmp))
         self.assertIn("\n    Refusal at step 40 at /home/me/model.py:24 in Attention.forward, "
                       "`aten::addmm` asked 512 MiB: 6 GiB held by 3 tensors from /home/me/model.py:30 "
-                      "in Attention.forward; 100 MiB reserved but unallocated, largest free block "
+                      "in Attention.forward; as PyTorch raised OutOfMemoryError (its cache emptied, "
+                      "its retry failed): 100 MiB reserved but unallocated, largest free block "
                       "20 MiB: real demand (it would not have fit had the free bytes been one block)\n",
                       out)
+        # the same figures read later (a view asked for at the main thread's
+        # next safe point): of another moment, no verdict
+        p.events[-2]["raised"] = False
+        p.events[-2]["asked"] = 2.0
+        out = self.main(p.write(self.tmp))
+        self.assertNotIn("real demand", out)
+        self.assertIn("   PyTorch's allocator read 0.30 s after the refusal (the main thread's "
+                      "next safe point) (step 40), 2.30 s:\n", out)
+        self.assertIn("     asked 512.0 MiB (these figures are of a later moment than the request: "
+                      "no verdict from them)\n", out)
+        p.events[-2]["raised"] = True
+        del p.events[-2]["asked"]
+        out = self.main(p.write(self.tmp))
         self.assertIn("     asked 512.0 MiB: real demand: it would not have fit had the free bytes "
                       "been one block\n", out)
 
     def test_what_the_instrumentation_could_not_say(self):
         # no tensors (history off), no judgement, expandable segments on
         out = self.main(self.backward_oom(tensors=None, fits=None))
-        self.assertIn("`MmBackward0` asked 1.2 GiB: 3.9 GiB reserved but unallocated, largest free "
-                      "block 512 MiB\n", out)
+        self.assertIn("`MmBackward0` asked 1.2 GiB: at the failure the process held 30 GiB on the "
+                      "device (gpuguard's ledger) and PyTorch's flush released 8 GiB before its "
+                      "retry; as PyTorch raised OutOfMemoryError (its cache emptied, its retry "
+                      "failed): 3.9 GiB reserved but unallocated, largest free block 512 MiB\n", out)
         self.assertIn("     tensors: not recorded (PyTorch's allocation history was off then)\n", out)
         out = self.main(self.backward_oom(segments={"expandable": 3}))
         self.assertIn("largest free block 512 MiB: fragmentation; expandable segments were already "
@@ -458,7 +503,8 @@ class Verdict(Base):
         # --native: the sentence without PyTorch's names
         out = self.main("--native", self.backward_oom())
         self.assertIn("\n    OOM at step 812, asking 1.2 GiB: 18.5 GiB held by 27 tensors from "
-                      "/home/me/model.py:18 in Block.forward; 3.9 GiB reserved", out)
+                      "/home/me/model.py:18 in Block.forward; at the failure the process held 30 GiB",
+                      out)
 
     def test_the_expandable_segments_peak_is_explained(self):
         """With expandable segments a growth that fails midway maps 20 MiB
@@ -509,7 +555,8 @@ class Verdict(Base):
                        thread="pt_autograd_0")
             p.events[-1]["allocated"] = allocated
             p.torch(2.6, 0, "oom", step=812, reserved=22 * GiB, allocated=21 * GiB,
-                    unallocated=GiB, largest_free=512 * MiB, request=1300 * MiB, fits=False)
+                    unallocated=GiB, largest_free=512 * MiB, request=1300 * MiB, fits=False,
+                    raised=True)
             p.summary(3.0)
             dev = p.events[-1]["devices"][0]
             dev["peak"] = 70 * GiB
@@ -522,10 +569,12 @@ class Verdict(Base):
             return self.main(p.write(self.tmp))
         out = journal(70 * GiB)
         self.assertIn("`MmBackward0` asked 1.3 GiB: 40 GiB of PyTorch's cache grown for activations "
-                      "at /home/me/model.py:18 in Block.forward (30 segments); 1 GiB reserved but "
+                      "at /home/me/model.py:18 in Block.forward (30 segments); as PyTorch raised "
+                      "OutOfMemoryError (its cache emptied, its retry failed): 1 GiB reserved but "
                       "unallocated, largest free block 512 MiB: real demand", out)
         out = journal(60 * GiB)
-        self.assertIn("`MmBackward0` asked 1.3 GiB: 1 GiB reserved but unallocated", out)
+        self.assertIn("`MmBackward0` asked 1.3 GiB: as PyTorch raised OutOfMemoryError (its cache "
+                      "emptied, its retry failed): 1 GiB reserved but unallocated", out)
         self.assertNotIn("cache grown", out)
 
     def test_the_failure_pytorch_raised_after_recovered_ones(self):
@@ -557,7 +606,7 @@ class Verdict(Base):
         p.events = [e for e in p.events if not (e["ev"] == "torch" and e["t"] == 2.6)]
         p.events[3]["raised"] = True
         out = self.main(p.write(self.tmp))
-        self.assertNotIn("PyTorch raised", out)
+        self.assertNotIn("at a later failure", out)
         # PyTorch's own retry: the same request refused again on the same
         # thread, then raised: one failure, nothing was recovered
         p = self.process()
@@ -571,7 +620,7 @@ class Verdict(Base):
         p.summary(3.0)
         out = self.main(p.write(self.tmp))
         self.assertIn("Refusal at step 5 in backward of `loss.backward()`", out)
-        self.assertNotIn("PyTorch raised", out)
+        self.assertNotIn("at a later failure", out)
 
     def test_a_leaks_tensors_by_line(self):
         p = self.process()

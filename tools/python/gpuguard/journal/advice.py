@@ -16,7 +16,10 @@ class AdviceLog(object):
     runs are kept; what lies between is counted."""
 
     def __init__(self):
-        self.n = 0
+        self.n = 0                   # advice lines (thinned per reason and batch)
+        self.heard = 0               # ... of them a trainer could hear
+        self.unheard = 0             # ... no one could: what would have been advised
+        self.first_unheard = None
         self.by_reason = {}
         self.head = []
         self.tail = collections.deque(maxlen=RUNS_TAIL)
@@ -32,14 +35,23 @@ class AdviceLog(object):
     def add(self, ev, t, step=None):
         """`step`: the last step the trainer reported before this advice."""
         self.n += 1
+        heard = ev.get("heard") is not False   # shims before `heard`: a trainer's
         reason = as_str(ev.get("reason"), "?")
+        if heard:
+            self.heard += 1
+        else:
+            self.unheard += 1
+            if self.first_unheard is None:
+                self.first_unheard = {"t": t, "at": step, "reason": reason,
+                                      "batch": as_int(ev.get("batch_size")),
+                                      "accum": as_int(ev.get("grad_accum"))}
         self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
         seq = as_int(ev.get("seq"))
         if seq is not None and (self.max_seq is None or seq > self.max_seq):
             self.max_seq = seq
         batch, accum = as_int(ev.get("batch_size")), as_int(ev.get("grad_accum"))
         signaled = ev.get("signaled") is True
-        key = (reason, batch, accum, signaled)
+        key = (reason, batch, accum, signaled, heard)
         run = self.current
         if run is not None and run["key"] == key:
             run["n"] += 1
@@ -48,8 +60,8 @@ class AdviceLog(object):
                 run["seq1"] = seq
         else:
             run = {"key": key, "reason": reason, "batch": batch, "accum": accum,
-                   "signaled": signaled, "n": 1, "t0": t, "t1": t, "seq0": seq, "seq1": seq,
-                   "note": None, "forecast": None}
+                   "signaled": signaled, "heard": heard, "n": 1, "t0": t, "t1": t, "seq0": seq,
+                   "seq1": seq, "note": None, "forecast": None}
             self.runs += 1
             if len(self.head) < RUNS_HEAD:
                 self.head.append(run)
@@ -63,7 +75,7 @@ class AdviceLog(object):
             if run["forecast"] is None:
                 run["forecast"] = fc
             self.last_forecast = {"t": t, "at": step, "batch": batch, "accum": accum,
-                                  "forecast": fc}
+                                  "forecast": fc, "heard": heard}
             if self.first_forecast is None:
                 self.first_forecast = self.last_forecast
             if self.forecast_marks.want():

@@ -12,7 +12,8 @@ from .incidents import STACK_EVENTS, Incidents
 from .limits import RECENT_FAILURES, RECENT_STEPS
 from .phases import Phases
 from .series import StepSeries, Thinned, Timeline, fit_line
-from .values import as_str, num
+from .values import as_int, as_str, num
+from .workload import Workload
 
 
 class Device(object):
@@ -54,6 +55,7 @@ class Device(object):
         self.uuid = None               # the GPU's UUID: journals that shared it merge by it
         self.peers = 0                 # the most other guarded processes seen on it at once
         self.peers_peak = None         # the most they held or claimed at once
+        self.work = Workload()         # steps' inputs and needs, failures' outcomes
 
     # What a device's entry says: the start's all of these, the summary's
     # the first of each.
@@ -140,10 +142,11 @@ class Device(object):
 
 
 def _fits(rows):
-    """{"peak": (a, b), "live": (a, b)} of (step, peak, live, t) rows."""
+    """{"peak": (a, b), "live": (a, b), "needed": (a, b)} of (step, peak,
+    live, t[, needed]) rows (the need where the steps told it)."""
     out = {}
-    for idx, name in ((1, "peak"), (2, "live")):
-        fit = fit_line([(r[0], r[idx]) for r in rows if r[idx] is not None])
+    for idx, name in ((1, "peak"), (2, "live"), (4, "needed")):
+        fit = fit_line([(r[0], r[idx]) for r in rows if len(r) > idx and r[idx] is not None])
         if fit is not None:
             out[name] = fit
     return out
@@ -165,6 +168,38 @@ def figures(j, d):
     for k, ev in (("near_misses", "near_miss"), ("refusals", "refused"), ("ooms", "oom")):
         v = num(s.get(k))
         f[k] = d.events[ev].counted if v is None else v
+    # of the failures, those the caller recovered from (a flush of PyTorch's
+    # cache) and those that reached the program: the summary's totals, or
+    # the journaled lines' without one
+    rec = [num(s.get(k)) for k in ("ooms_recovered", "refusals_recovered")]
+    if d.summary is not None and rec[0] is not None and rec[1] is not None:
+        f["recovered"] = rec[0] + rec[1]
+        f["raised"] = max(0, (f["ooms"] or 0) + (f["refusals"] or 0) - f["recovered"])
+    else:
+        f["recovered"] = d.work.recovered_lines
+        f["raised"] = d.work.raised_count
+    f["flush_steps"] = as_int(s.get("flush_steps"))
+    if f["flush_steps"] is None:
+        f["flush_steps"] = d.work.flush_step_lines
+    # steps: every boundary (the summary's), its lines are thinned
+    f["steps"] = as_int(s.get("steps"))
+    f["last_step"] = as_int(s.get("step"))
+    if f["last_step"] is None and d.last_step:
+        f["last_step"] = d.last_step[0]
+    # advice: heard (given) and not, totals when the summary says them
+    f["advice"] = as_int(s.get("advice"))
+    f["advice_unheard"] = as_int(s.get("advice_unheard"))
+    if f["advice"] is None:
+        f["advice"] = d.advice.heard
+        f["advice_unheard"] = d.advice.unheard
+    if d.summary is None and d.work.peak_line is not None:
+        # killed before its summary: the latest `peak` line's
+        pl = d.work.peak_line
+        if num(pl.get("peak")) is not None and (f["peak"] is None or pl["peak"] > f["peak"]):
+            f["peak"] = pl["peak"]
+        if num(pl.get("peak_used")) is not None and (f["peak_used"] is None or
+                                                     pl["peak_used"] > f["peak_used"]):
+            f["peak_used"] = pl["peak_used"]
     f["last"] = d.last
     f["peak_t"] = d.peak_t
     return f

@@ -56,7 +56,10 @@ OVERLOAD_WORDS = frozenset((
 # Ops that only make the tensor another op asked for (named only when no other is)
 FACTORY = frozenset(("empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided",
                      "empty_permuted", "empty_generic"))
-NN_CALL = frozenset(("Module._call_impl", "Module._wrapped_call_impl"))
+# (with a global forward hook, as gpuguard-run's, _call_impl runs the
+# forward inside a closure of its own: "inner", "_call_impl" before 3.11)
+NN_CALL = frozenset(("Module._call_impl", "Module._wrapped_call_impl",
+                     "Module._call_impl.<locals>.inner", "inner"))
 # PyTorch's own libraries: libtorch.so, libtorch_cpu.so.2.6, libc10_cuda.so, ...
 TORCH_LIB_RE = re.compile(r"^lib(?:torch|c10)(?:_[a-z_]+)?\.so")
 TORCH_PKG_RE = re.compile(r"[/\\](?:site|dist)-packages[/\\]torch[/\\]")
@@ -325,6 +328,12 @@ class View(object):
         self.op = op                      # e.g. "aten::mm", or None
         self.node = node                  # e.g. "MmBackward0", or None
         self.backward = backward          # the backward site it is tied to, or None
+
+    @property
+    def through_cache(self):
+        """Was it asked by PyTorch's caching allocator (a segment of its
+        cache, not a tensor)?"""
+        return any(e.kind == ALLOC for e in self.entries)
 
     @property
     def in_backward(self):

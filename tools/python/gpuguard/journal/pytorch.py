@@ -102,6 +102,11 @@ def snapshot(ev, t):
     fits = ev.get("fits_unfragmented")
     s["fits"] = fits if type(fits) is bool else None
     s["raised"] = ev.get("raised") is True
+    # the moment it was asked about (read later, at t); None: PyTorch's OOM
+    # observer's, read as PyTorch raised
+    s["asked"] = num(ev.get("asked"))
+    kept = num(ev.get("kept"))
+    s["kept"] = kept if kept is not None and kept >= 0 else None
     segs = ev.get("segments")
     s["segments"] = OrderedDict()
     if isinstance(segs, dict):
@@ -180,6 +185,8 @@ class TorchDevice(object):
         self.last = OrderedDict()
         self.answer = None
         self.raised = None       # (the first snapshot PyTorch raised at, its failure, its first attempt)
+        self.failure_views = []  # the first and the last views of failures (refused, oom)
+        self.with_tensors = []   # the first views with tensors (not a leak check's)
         self.max_reserved = None
         self.expandable = False
 
@@ -197,6 +204,12 @@ class TorchDevice(object):
         if (self.answer is None and why in FAILURES and failed_at is not None
                 and snap["t"] >= failed_at):
             self.answer = snap
+        if snap["tensors"] and why != "leak" and len(self.with_tensors) < 16:
+            self.with_tensors.append(snap)
+        if why in FAILURES:
+            if len(self.failure_views) >= 32:
+                del self.failure_views[16]  # the first 16 and the latest
+            self.failure_views.append(snap)
 
     def shown(self):
         """The snapshots a device section shows, in time order: the answer

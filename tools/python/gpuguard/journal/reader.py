@@ -58,6 +58,10 @@ class Journal(object):
         self.partial = None          # why the summary is incomplete, when it is
         self.text_lines = 0          # lines that are not blank, readable or not
         self.journal_lines = 0       # of them, JSON objects with an "ev": the journal's
+        self.status = None           # the exit status (the summary's)
+        self.uncaught = None         # the error the program died of, when it said
+        self.backward_calls = None   # every .backward() (the summary's)
+        self.killed = None           # a `killed` line: {t, signal, step}
         m = NAME_RE.match(os.path.basename(path))
         if m:
             self.comm = m.group("comm")
@@ -122,6 +126,7 @@ class Journal(object):
             "note": self._ev_note, "error": self._ev_error, "summary": self._ev_summary,
             "suppressed": self._ev_suppressed,
             "torch": self._ev_torch, "backward": self._ev_backward,
+            "peak": self._ev_peak, "killed": self._ev_killed,
         }
         loads = json.loads
         last_t = 0.0
@@ -238,6 +243,9 @@ class Journal(object):
         d.events[kind].add(ev, t, step, self.pt)
         if kind != "near_miss":
             d.recent_failures.append(dict(ev, t=t, step=step))
+            d.work.failure(ev, t)
+        else:
+            d.work.want(as_int(ev.get("step")))
         used = num(ev.get("used"))
         if used is not None and (d.max_used is None or used > d.max_used):
             d.max_used = used
@@ -258,13 +266,14 @@ class Journal(object):
                 d.first_step = (step, t)
             d.last_step = (step, t)
             if step >= 0:
-                s = (step, peak, live, t)
+                s = (step, peak, live, t, num(ev.get("needed")))
                 d.step_series.put(s)
                 d.recent.append(s)
         if peak is not None:
             if d.step_peak is None or peak > d.step_peak:
                 d.step_peak = peak
         d.phases.step(step, peak)
+        d.work.step(ev, step, peak)
         pu = num(ev.get("peak_used"))
         if pu is not None and (d.max_used is None or pu > d.max_used):
             d.max_used = pu
@@ -380,8 +389,31 @@ class Journal(object):
         until the next one."""
         self.pt.backward.add(ev, t)
 
+    def _ev_peak(self, ev, t):
+        """The peak so far and its sites (for a process killed before its
+        summary)."""
+        d = self.device(ev.get("dev", 0))
+        if num(ev.get("peak")) is not None:
+            d.work.peak_line = dict(ev, t=t)
+            d.work.peak_line_step = as_int(ev.get("step"))
+            sites = ev.get("sites")
+            d.work.peak_line["sites"] = [
+                {"stack": x.get("stack"), "pystack": x.get("pystack"), "thread": x.get("thread"),
+                 "bytes": x.get("bytes"), "allocs": x.get("allocs")}
+                for x in (sites if isinstance(sites, list) else []) if isinstance(x, dict)]
+            pu = num(ev.get("peak_used"))
+            if pu is not None and (d.max_used is None or pu > d.max_used):
+                d.max_used = pu
+
+    def _ev_killed(self, ev, t):
+        self.killed = {"t": t, "signal": as_str(ev.get("signal"), "a signal"),
+                       "step": as_int(ev.get("step"))}
+
     def _ev_summary(self, ev, t):
         self.summary = ev
+        self.status = as_int(ev.get("status"))
+        self.uncaught = as_str(ev.get("uncaught"))
+        self.backward_calls = as_int(ev.get("backward_calls"))
         self._counts(ev.get("suppressed"))
         self.lost_lines = max(as_int(ev.get("lost_lines"), 0), 0)
         self.partial = as_str(ev.get("partial"))

@@ -84,7 +84,7 @@ def trace_report(journals):
                 if used is not None:
                     events.append({"name": "GPU%d device used" % dev, "ph": "C", "ts": ts(t),
                                    "pid": pid, "cat": "gpuguard", "args": {"bytes": used}})
-            steps = d.step_series.points()
+            steps = [p[:4] for p in d.step_series.points()]
             for stepno, peak, live, t in steps:
                 for name, v in (("step peak", peak), ("step live", live)):
                     if v is not None:

@@ -37,6 +37,7 @@ class Recommendation(object):
         self.steps = None          # (first, last): the steps the recommendation covers
         self.advised_off = None    # (batch, step): the smallest batch the run was advised off
         self.covers = None         # what the recommendation covers, said
+        self.refused_fit = None    # a step fit the run contradicts, said
 
     def predict(self, b):
         c, k = self.line
@@ -78,6 +79,10 @@ def recommend(journals):
             off += ph.advised_off_batches()
             if ph.effective is not None and (eff is None or ph.effective > eff):
                 eff = ph.effective
+            if not ph.events:
+                # a script that never told its batch: the batch its steps'
+                # inputs imply (their batch dimension), as phases
+                seen(d, peaks, needs, steps)
             for b, e in ph.by_batch.items():
                 if e["peak"] is not None and (b not in peaks or e["peak"] > peaks[b][0]):
                     peaks[b] = (e["peak"], e["source"])
@@ -114,8 +119,9 @@ def recommend(journals):
         r.effective = eff
         pts = ", ".join("%d: %s" % (b, fmt_bytes(p)) for b, p, _ in r.points)
         if not r.points and not r.bounds:
-            r.need = ("no `batch` events: the trainer never told the guard its batch "
-                      "(gpuguard_set_batch, or the Python helper's Guard); run with it")
+            r.need = ("no `batch` events and no step lines with a batch: the trainer never told "
+                      "the guard its batch (gpuguard_set_batch, or the Python helper's Guard), "
+                      "nor did gpuguard-run see its steps' inputs; run with one of them")
             continue
         if len({b for b, _, _ in r.points}) < 2:
             r.need = ("%s (%s) is not enough to fit peak = fixed + per sample x batch: "
@@ -136,11 +142,78 @@ def recommend(journals):
             # never a batch the run was advised off: it is what the run left
             hi = min(hi, r.advised_off[0] - 1)
         r.model = step_fit(steps, fails, r.total)
+        if r.model is not None and _contradicts(r, steps):
+            r.model = None  # a batch the run finished predicted over the line: not this run's
         if r.model is not None:
             _by_step(r, hi, eff)
         else:
             _by_batch(r, hi, eff, pts)
+        if r.batch is None:
+            _survived(r, hi, eff)
     return recs
+
+
+def batch_dim(shape, batch):
+    """The index of the batch in a shape (its first dimension of that size)."""
+    for k, v in enumerate(shape or ()):
+        if v == batch:
+            return k
+    return None
+
+
+def seen(d, peaks, needs, steps):
+    """The batches a device's step lines imply (gpuguard-run saw each step's
+    input): per batch the highest step peak that finished, and the need of a
+    step that failed (the raised failure's input, its batch at the same
+    dimension)."""
+    w = d.work
+    dim = None
+    for st, tokens, needed, peak, b, shape in w.points:
+        if b is None or peak is None:
+            continue
+        dim = batch_dim(shape, b) if dim is None else dim
+        if b not in peaks or peak > peaks[b][0]:
+            peaks[b] = (peak, "steps")
+        steps.append((b, st, peak))
+    other = d.other_max if d.other_max is not None else 0
+    for f in w.failures():
+        if f["recovered"] is True or f["shape"] is None or dim is None or dim >= len(f["shape"]):
+            continue
+        b = f["shape"][dim]
+        if f["used"] is not None and f["bytes"] is not None:
+            needs[b] = max(needs.get(b, 0), f["used"] + f["bytes"] - other)
+
+
+def _contradicts(r, steps):
+    """Does the step fit predict a batch that finished its steps over the
+    line it had? Then it is not a fit of this run (the run proved it
+    wrong), and it is said so."""
+    m = r.model
+    by = {}
+    for b, st, _ in steps:
+        lo, hi = by.get(b, (st, st))
+        by[b] = (min(lo, st), max(hi, st))
+    for b, (s0, s1) in by.items():
+        if m.highest(b, s0, s1) > r.cap:
+            r.refused_fit = "%s predicts batch %d over %s at its steps %d-%d, which it finished" % (
+                m.text(), b, fmt_bytes(r.cap), s0, s1)
+            return True
+    return False
+
+
+def _survived(r, hi, eff):
+    """No batch the fits can vouch for: propose the largest batch this run
+    finished (no refusal or OOM in its phases), which it survived, saying
+    why the fit gave none."""
+    ok = [(b, p) for b, p, _ in r.points if b <= hi]
+    if not ok:
+        return
+    b, p = max(ok)
+    why = r.need or getattr(r, "refused_fit", None) or "no fit"
+    _propose(r, b, eff, p)
+    r.why = "the largest batch this run finished (peak %s), which it survived; no larger one " \
+            "is proposed: %s" % (fmt_bytes(p), why)
+    r.need = None
 
 
 def _largest(ok, hi):

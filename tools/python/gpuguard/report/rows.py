@@ -9,8 +9,9 @@ from ..journal.pytorch import lines_in
 from ..journal.values import as_str
 from .formatting import fmt_bytes, fmt_count, fmt_pct, fmt_size, fmt_t, plural
 from .groups import GROUPS_SHOWN
-from .torchtext import expandable_peak
-from .verdict import forecast_text, leak_text
+from .torchtext import expandable_on, expandable_peak
+from .verdict import forecast_text, leak_text, outcomes_text, with_outcomes
+from .workload import Shapes, flush_story
 
 
 def mode_text(d):
@@ -70,6 +71,23 @@ def leak_lines(d, nframes, j=None):
     if len(sites) > GROUPS_SHOWN:
         out.append("  (%s more)" % plural(len(sites) - GROUPS_SHOWN, "site"))
     return out
+
+
+def consistent_trend(tr):
+    """Can the trend's lines both be true? Live bytes at a boundary are
+    never above the step's peak, nor the tensors' need above the cache's
+    peak: lines that cross inside the steps they were fitted on say two
+    things that cannot both hold, and are not printed."""
+    s0, s1 = tr["steps"]
+    for low, high in (("live", "peak"), ("needed", "peak")):
+        if low not in tr or "peak" not in tr:
+            continue
+        for x in (s0, s1):
+            lo = tr[low][0] + tr[low][1] * x
+            hi = tr[high][0] + tr[high][1] * x
+            if lo > hi * 1.02 + (1 << 20):
+                return False
+    return True
 
 
 def batch_path(d):
@@ -145,25 +163,52 @@ def device_rows(j, d, opts):
         t, cur, used = f["last"]
         rows.append(("last sample", ["at %s: process %s, device %s" % (
             fmt_t(t), fmt_bytes(cur), fmt_bytes(used))]))
-    rows.append(("events", ["%s, %s, %s, %s" % (
-        plural(int(f["near_misses"]), "near miss", "near misses"),
-        plural(int(f["refusals"]), "refusal"), plural(int(f["ooms"]), "OOM"),
-        plural(d.advice.n, "advice", "advice"))]))
+    failures = [plural(int(f["refusals"]), "refusal"), plural(int(f["ooms"]), "OOM")]
+    if (f["refusals"] or f["ooms"]) and with_outcomes(d):
+        said = outcomes_text(f["recovered"], f["raised"])
+        if f["refusals"] and f["ooms"]:
+            failures[-1] += " (of these failures, %s)" % said
+        else:
+            failures[0 if f["refusals"] else 1] += " (%s)" % said
+    events = "%s, %s" % (plural(int(f["near_misses"]), "near miss", "near misses"),
+                         ", ".join(failures))
+    events += ", " + plural(int(f["advice"] or 0), "advice", "advice")
+    if f["advice_unheard"]:
+        events += " (and %s no trainer heard)" % fmt_count(f["advice_unheard"])
+    rows.append(("events", [events]))
+    shapes = Shapes(d, f)
     if d.steps:
         rate = d.step_rate()
-        rows.append(("steps", ["%s .. %s (%s journaled%s), highest step peak %s" % (
-            fmt_count(d.first_step[0]) if d.first_step else "?",
-            fmt_count(d.last_step[0]) if d.last_step else "?", fmt_count(d.steps),
+        last = f["last_step"] if f["last_step"] is not None else (
+            d.last_step[0] if d.last_step else None)
+        total = "%s, %s journaled" % (plural(f["steps"], "step"), fmt_count(d.steps)) \
+            if f["steps"] is not None else "%s journaled" % fmt_count(d.steps)
+        rows.append(("steps", ["%s .. %s (%s%s), highest step peak %s" % (
+            fmt_count(d.first_step[0]) if d.first_step else "?", fmt_count(last), total,
             "; %s steps/s" % ("%.3g" % rate) if rate else "", fmt_bytes(d.step_peak))]))
-        tr = d.trends()
-        if tr:
+        inputs = shapes.inputs_text()
+        if inputs:
+            rows.append(("inputs", [inputs]))
+        if d.work.max_needed is not None:
+            rows.append(("needed", ["what the tensors held at a step's peak (PyTorch's "
+                                    "allocated), beside the cache's reserved peak: at most %s, "
+                                    "at step %s" % (fmt_bytes(d.work.max_needed[1]),
+                                                    fmt_count(d.work.max_needed[0]))]))
+        tr = d.trends() if shapes.trend_by_step else None
+        if tr and consistent_trend(tr):
             b = d.phases.path()[-1] if d.phases.path() else None
             rows.append(("trend", ["over steps %s .. %s%s (least squares): %s" % (
                 fmt_count(tr["steps"][0]), fmt_count(tr["steps"][1]),
                 ", at batch %s x accum %s" % (b["batch"], b["accum"]) if b else "", ", ".join(
                     "%s %s%s/step" % (name, "+" if tr[name][1] >= 0 else "-",
                                       fmt_size(abs(tr[name][1])))
-                    for name in ("peak", "live") if name in tr))]))
+                    for name in ("peak", "needed", "live") if name in tr))]))
+        fit = shapes.fit_text()
+        if fit and shapes.kind == "vary":
+            rows.append(("by tokens", [fit]))
+    flushes = flush_story(j, d, f, shapes, expandable_on(j, d))
+    if flushes:
+        rows.append(("flushes", [flushes]))
     path = batch_path(d)
     if path:
         rows.append(("batch", [path]))

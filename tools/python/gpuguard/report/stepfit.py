@@ -143,7 +143,9 @@ def fit(points, needs, total):
             if t in coef and abs(coef[t]) * span < small and len(coef) > 3:
                 terms = tuple(x for x in terms if x != t)
                 coef = least_squares(terms, points) or coef
-        if coef["per_sample"] + coef.get("per_sample_step", 0.0) * s1 <= 0:
+        # A batch term that is not positive says a larger batch needs no
+        # more: a fit the run's points cannot support, not one to act on.
+        if coef["per_sample"] <= 0 or coef["per_sample"] + coef.get("per_sample_step", 0.0) * s1 <= 0:
             continue
         f = StepFit(coef, len(points), batches, (s0, s1))
         if f.growth(batches[-1]) * (s1 - s0) < (total or 0) // 100:

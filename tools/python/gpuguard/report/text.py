@@ -17,7 +17,19 @@ from .recommendation import recommend_text
 from .rows import device_rows
 from .torchtext import backward_lines, torch_block_text, torch_blocks
 from .tree import peak_tree_lines, site_tree
-from .verdict import verdict
+from .verdict import outcomes_text, verdict, with_outcomes
+
+
+def segments_note(j, d, sites):
+    """Do the sites hold PyTorch's cache (segments it grew the cache by,
+    whatever tensors the blocks cut from them hold now)?"""
+    if not isinstance(sites, list):
+        return False
+    for site in sites:
+        v = view_of(j, site, peak_time(j, d), nearest=True) if isinstance(site, dict) else None
+        if v is not None and v.through_cache:
+            return True
+    return False
 
 
 def peak_time(j, d):
@@ -39,9 +51,11 @@ def advice_run_line(run):
         head = "%11s  #%s-#%s %sx until %s" % (
             fmt_t(run["t0"]), as_str(run["seq0"], "?"), as_str(run["seq1"], "?"),
             fmt_count(run["n"]), fmt_t(run["t1"]))
-    text = "%s  %-9s batch %s x accum %s%s" % (
-        head, run["reason"], as_str(run["batch"], "?"), as_str(run["accum"], "?"),
-        ", signaled" if run["signaled"] else ", not signaled")
+    text = "%s  %-9s %sbatch %s x accum %s%s" % (
+        head, run["reason"], "" if run.get("heard", True) else "would have advised ",
+        as_str(run["batch"], "?"), as_str(run["accum"], "?"),
+        ", signaled" if run["signaled"] else (", not signaled" if run.get("heard", True)
+                                              else ", no trainer heard it"))
     fc = run["forecast"]
     if fc:
         text += "; forecast: step %s would peak at %s" % (as_str(fc.get("step"), "?"),
@@ -173,11 +187,25 @@ def device_text(w, j, d, opts):
 
     s = d.summary or {}
     sites = s.get("peak_sites")
+    heading = "Allocation sites at the peak"
+    if d.summary is None and d.work.peak_line is not None:
+        # killed before its summary: the last `peak` line the shim wrote
+        sites = d.work.peak_line.get("sites")
+        step = d.work.peak_line.get("step")
+        heading += " (the last written before the process was killed: %s%s)" % (
+            fmt_bytes(d.work.peak_line.get("peak")),
+            ", step %s" % fmt_count(step) if isinstance(step, int) else "")
     tree = site_tree(sites, opts.depth, opts.top_down, site_views(j, d)) \
         if isinstance(sites, list) else None
     if tree is not None and tree.bytes > 0:
         w("")
-        w("   Allocation sites at the peak:")
+        if segments_note(j, d, sites):
+            heading = heading.replace("Allocation sites at the peak",
+                                      "Segments of PyTorch's cache at the peak, by the line "
+                                      "that grew the cache for them (segments, not tensors: "
+                                      "the blocks cut from them may hold other lines' tensors "
+                                      "since; PyTorch's history names tensors)", 1)
+        w("   " + heading + ":")
         for line in peak_tree_lines(f, sites, tree, opts):
             w("     " + line)
     elif frames_of(s, "peak_stack") or frames_of(s, "peak_pystack"):
@@ -194,7 +222,12 @@ def device_text(w, j, d, opts):
             continue
         w("")
         total = f[{"near_miss": "near_misses", "refused": "refusals", "oom": "ooms"}[kind]]
-        more = "" if total == inc.journaled else " (%s journaled)" % fmt_count(inc.journaled)
+        said = [] if total == inc.journaled else ["%s journaled" % fmt_count(inc.journaled)]
+        if kind != "near_miss" and with_outcomes(d):
+            rec = sum(1 for x in d.work.failures() if x["ev"] == kind and x["recovered"] is True)
+            said.append(outcomes_text(rec, sum(1 for x in d.work.failures()
+                                               if x["ev"] == kind and x["recovered"] is not True)))
+        more = " (%s)" % ": ".join(said) if said else ""
         w("   %s: %s%s, by Python line:" % (titles[kind], fmt_count(total), more))
         lines = inc.sorted_lines()
         for ln in lines[:GROUPS_SHOWN]:
@@ -209,9 +242,17 @@ def device_text(w, j, d, opts):
     if d.advice.n:
         adv = d.advice
         w("")
-        w("   Advice history: %s (%s)" % (
-            plural(adv.n, "advice", "advice"),
-            ", ".join("%s %s" % (fmt_count(v), k) for k, v in sorted(adv.by_reason.items()))))
+        given, unheard = f["advice"] or 0, f["advice_unheard"] or 0
+        what = []
+        if given or not unheard:
+            what.append(plural(given, "advice", "advice") + (" given" if unheard else ""))
+        if unheard:
+            what.append("%s no trainer heard (would have advised)" %
+                        plural(unheard, "advice", "advice"))
+        reasons = ", ".join("%s %s" % (fmt_count(v), k) for k, v in sorted(adv.by_reason.items()))
+        if given + unheard != adv.n:
+            reasons += "; %s journaled" % fmt_count(adv.n)
+        w("   Advice history: %s (%s)" % (", ".join(what), reasons))
         runs = adv.kept_runs()
         for i, run in enumerate(runs):
             if i == len(adv.head) and adv.omitted_runs:

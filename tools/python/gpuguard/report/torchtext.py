@@ -10,12 +10,14 @@ from ..journal.incidents import STACK_EVENTS
 from ..journal.frames import user_frame
 from ..journal.pytorch import tensors_by_line, view_of
 from ..journal.stacks import frames_of, pyframe_key, pyframe_label
-from ..journal.values import as_str, num
+from ..journal.values import as_int, as_str, num
 from .formatting import fmt_bytes, fmt_count, fmt_size, fmt_t, plural
+from .workload import judge_snapshot
 
 EXPANDABLE_ADVICE = "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` would have fit it"
 WHY = {"refused": "the refusal", "oom": "the OOM", "near_miss": "the first near miss of its step",
-       "forecast": "the forecast", "leak": "a leak (the tensors one step allocated that the next did not free)"}
+       "forecast": "the forecast",
+       "leak": "a leak check (the tensors one step allocated that the next did not free)"}
 EXPANDABLE_APIS = ("cuMemCreate", "cuMemMap")
 
 
@@ -77,9 +79,10 @@ def held_at_peak(d, e, backward):
 
 
 def fragmentation_text(snap, expandable):
-    """`3.9 GiB reserved but unallocated, largest free block 512 MiB:
-    fragmentation; ... would have fit it`, or real demand, or the figures
-    alone when the instrumentation could not judge."""
+    """`as PyTorch raised (its cache emptied): 3.9 GiB reserved but
+    unallocated, largest free block 512 MiB: fragmentation; ... would have
+    fit it`, or real demand, or the figures alone (with their moment) when
+    they do not say (workload.judge_snapshot)."""
     parts = []
     if snap["unallocated"] is not None:
         parts.append("%s reserved but unallocated" % fmt_size(snap["unallocated"]))
@@ -87,13 +90,25 @@ def fragmentation_text(snap, expandable):
         parts.append("largest free block %s" % fmt_size(snap["largest_free"]))
     if not parts:
         return None
-    text = ", ".join(parts)
-    if snap["fits"] is True:
+    judged = judge_snapshot(snap)
+    text = moment_text(snap) + ": " + ", ".join(parts)
+    if judged.kind == "fragmentation":
         text += ": fragmentation; " + ("expandable segments were already on" if expandable
                                        else EXPANDABLE_ADVICE)
-    elif snap["fits"] is False:
+    elif judged.kind == "demand":
         text += ": real demand (it would not have fit had the free bytes been one block)"
     return text
+
+
+def moment_text(snap, who="PyTorch"):
+    """Which moment a view's figures are of: `as PyTorch raised (its cache
+    emptied)`, `read 0.21 s after the first near miss of its step`."""
+    if snap.get("asked") is not None:
+        return "read %s after %s (the main thread's next safe point)" % (
+            fmt_t(max(0.0, snap["t"] - snap["asked"])), why_text(snap))
+    if snap.get("raised"):
+        return "as %s raised OutOfMemoryError (its cache emptied, its retry failed)" % who
+    return "at %s" % why_text(snap)
 
 
 def failure_sentence(j, d, e, snap=None):
@@ -106,7 +121,9 @@ def failure_sentence(j, d, e, snap=None):
     have fit it"."""
     td = torch_device(j, d)
     if snap is None:
-        snap = td.answer if td is not None else None
+        # a journal that says what came of each failure: the view about this
+        # one; else (an older shim's) the first view after the first failure
+        snap = view_for(td, e) if "retried" in e else (td.answer if td is not None else None)
     if snap is None:
         return None
     text = "OOM" if e.get("ev") == "oom" else "Refusal"
@@ -127,10 +144,39 @@ def failure_sentence(j, d, e, snap=None):
     else:
         text += ", asking %s" % fmt_size(asked)
     held = held_text(snap, backward) or held_at_peak(d, e, backward)
-    parts = [p for p in (held, fragmentation_text(snap, td.expandable)) if p]
+    parts = [p for p in (held, ledger_text(e), fragmentation_text(snap, td.expandable)) if p]
     if parts:
         text += ": " + "; ".join(parts)
     return text
+
+
+def ledger_text(e):
+    """What the shim knew at the failure itself (no Python runs then):
+    `at the failure the process held 24.4 GiB on the device (gpuguard's
+    ledger) and PyTorch's flush released 17.0 GiB before its retry`."""
+    reserved, freed = num(e.get("reserved")), num(e.get("freed"))
+    if reserved is None or e.get("recovered") not in (True, False):
+        return None
+    text = "at the failure the process held %s on the device (gpuguard's ledger)" % (
+        fmt_size(reserved))
+    if e.get("retried"):
+        text += " and PyTorch's flush released %s before its retry" % fmt_size(freed or 0)
+    return text
+
+
+def view_for(td, e):
+    """The `torch` line about failure e: PyTorch's OOM observer's (raised)
+    at or after it, else the first failure view after it."""
+    if td is None:
+        return None
+    t = e.get("t", 0.0)
+    later = [s for s in td.failure_views if s["t"] >= t - 1e-6]
+    for s in later:
+        if s["raised"]:
+            return s
+    if later:
+        return later[0]
+    return td.answer
 
 
 def raised_lines(j, d, first):
@@ -159,8 +205,11 @@ def forecast_tensors(j, d):
     ff = d.advice.first_forecast
     if td is None or ff is None:
         return None
-    for snap in td.shown():
-        if snap["t"] >= ff["t"] and snap["tensors"]:
+    named = as_int(ff["forecast"].get("step"))
+    cands = [s for s in td.with_tensors if s["t"] >= ff["t"]]
+    cands.sort(key=lambda s: (s["step"] != named, s["t"]))  # the named step's first
+    for snap in cands:
+        if snap["tensors"]:
             held = held_text(snap, False)
             if held:
                 step = " (step %s)" % fmt_count(snap["step"]) if snap["step"] is not None else ""
@@ -195,8 +244,11 @@ def leak_tensors(j, d):
 
 
 def snapshot_title(snap):
-    """`PyTorch's allocator at the OOM (step 812), 12.03 s`."""
+    """`PyTorch's allocator as it raised OutOfMemoryError (...) (step 812),
+    12.03 s`: the moment its figures are of."""
     step = " (step %s)" % fmt_count(snap["step"]) if snap["step"] is not None else ""
+    if snap.get("asked") is not None or snap.get("raised"):
+        return "PyTorch's allocator %s%s, %s" % (moment_text(snap, "it"), step, fmt_t(snap["t"]))
     return "PyTorch's allocator at %s%s, %s" % (why_text(snap), step, fmt_t(snap["t"]))
 
 
@@ -213,13 +265,24 @@ def snapshot_lines(snap, expandable):
     if snap["segments"]:
         out.append("segments: " + ", ".join("%s %s" % (fmt_count(v), k)
                                             for k, v in snap["segments"].items()))
+    if snap.get("kept") is not None:
+        out.append("kept: %s of the tensors one step allocated were still held at the end of "
+                   "the next%s" % (fmt_bytes(snap["kept"]), "" if snap["kept"] else
+                                   ": nothing kept, no leak (the live bytes grew for another "
+                                   "reason: growing inputs, or a cache that keeps what it "
+                                   "reserved)"))
     if snap["request"] is not None or snap["fits"] is not None:
         text = "asked %s" % fmt_bytes(snap["request"]) if snap["request"] is not None else "the request"
-        if snap["fits"] is True:
+        judged = judge_snapshot(snap)
+        if judged.kind == "fragmentation":
             text += ": fragmentation: it would have fit had the free bytes been one block; " + (
                 "expandable segments were already on" if expandable else EXPANDABLE_ADVICE)
-        elif snap["fits"] is False:
+        elif judged.kind == "demand":
             text += ": real demand: it would not have fit had the free bytes been one block"
+        elif judged.why:
+            text += ": " + judged.why
+        elif snap.get("asked") is not None:
+            text += " (these figures are of a later moment than the request: no verdict from them)"
         out.append(text)
     return out
 
@@ -270,6 +333,15 @@ def incident_apis(d):
     return apis
 
 
+def expandable_on(j, d):
+    """Did the process run PyTorch's expandable segments (a `torch` line's
+    segments, or incidents of cuMemCreate / cuMemMap)?"""
+    td = torch_device(j, d)
+    if td is not None and td.expandable:
+        return True
+    return bool(incident_apis(d).intersection(EXPANDABLE_APIS))
+
+
 def expandable_peak(j, d, f):
     """One line when the process's peak is above the most PyTorch reported
     reserved and expandable segments were in use: a growth that fails
@@ -289,13 +361,24 @@ def expandable_peak(j, d, f):
 
 def backward_lines(j):
     """Where `.backward()` was called, per line: `812 calls: backward of
-    \\`loss.backward()\\` (train.py:57 in main)`."""
+    \\`loss.backward()\\` (train.py:57 in main)`. The shim thins the lines per
+    call site (each carries its site's running count): with one site, the
+    summary's total is its calls; with several, each is at least its count."""
     pt = getattr(j, "pt", None)
     if pt is None or not pt.backward.lines:
         return []
     out = []
-    for e in pt.backward.sites.values():
-        out.append("%s: %s%s" % (plural(e["calls"], "call"), e["site"]["phrase"],
+    sites = list(pt.backward.sites.values())
+    total = getattr(j, "backward_calls", None)
+    for e in sites:
+        calls = plural(e["calls"], "call")
+        if total is not None and len(sites) == 1:
+            calls = plural(max(total, e["calls"]), "call")
+        elif total is not None and total > e["calls"]:
+            calls = "at least " + calls
+        out.append("%s: %s%s" % (calls, e["site"]["phrase"],
                                  ", last at step %s" % fmt_count(e["step"])
                                  if e["step"] is not None else ""))
+    if total is not None and len(sites) > 1:
+        out.append("%s in all" % plural(total, "call"))
     return out
