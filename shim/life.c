@@ -520,7 +520,7 @@ void gg_life_finish(void)
     int batch, accum;
     if (inside)
         gg_journal_final();
-    gg_ticker_stop(); /* and the last tick: the timeline to now, what was left out */
+    gg_ticker_stop(!inside); /* and the last tick: the timeline to now, what was left out */
     if (!inside)
         gg_arch_poll(); /* libraries loaded since the last look, before the summary */
     gg_metrics_exit(); /* a clean exit: Prometheus stops seeing this process */

@@ -111,12 +111,14 @@ static void peak_lines(void)
     }
 }
 
-void gg_react_tick(bool report_suppressed)
+void gg_react_tick(bool report_suppressed, bool with_stacks)
 {
     static uint64_t base[GG_LINES];
-    gg_react_settle(GG_RETRY_STALE_NS); /* failures no retry followed */
+    if (with_stacks)
+        gg_react_settle(GG_RETRY_STALE_NS); /* failures no retry followed */
     timeline_all();
-    peak_lines();
+    if (with_stacks)
+        peak_lines();
     if (report_suppressed)
         (void)gg_events_suppressed(base);
 }

@@ -39,10 +39,15 @@ void gg_react_step(int dev, uint64_t step, const struct gg_step_verdict *v);
 /* The timeline's tick (`sample` lines, docs/journal.md), every GG_TICK_NS from
  * a thread of the shim's own (life.c): the samples since the last tick;
  * with report_suppressed, also the lines the budgets left out since the
- * last report (a `suppressed` line, when there were any). ticking(true):
+ * last report (a `suppressed` line, when there were any). with_stacks
+ * false (the last tick of an exit that may have interrupted the shim):
+ * nothing that captures or names a stack (the failures waiting for their
+ * retry, the peak's sites), since that may wait on a lock the interrupted
+ * thread holds (malloc's, the loader's); the summary says the peak.
+ * ticking(true):
  * the thread runs, so allocations leave samples to it. */
 #define GG_TICK_NS 500000000ull
-void gg_react_tick(bool report_suppressed);
+void gg_react_tick(bool report_suppressed, bool with_stacks);
 /* The timeline up to now, written before the trainer's lines (a batch, a
  * note), so a phase's samples come before the line that closes it. */
 void gg_react_flush(void);

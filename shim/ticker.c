@@ -35,7 +35,7 @@ static void *tick_loop(void *arg)
         bool report = now >= report_at;
         if (report)
             report_at = now + REPORT_NS;
-        gg_react_tick(report);
+        gg_react_tick(report, true);
         gg_metrics_tick(now); /* when its interval has passed */
         gg_arch_poll();       /* libraries loaded since: judged here, off the callers' threads */
         atomic_store(&busy, 0);
@@ -65,7 +65,7 @@ bool gg_ticker_start(void)
     return true;
 }
 
-void gg_ticker_stop(void)
+void gg_ticker_stop(bool with_stacks)
 {
     if (atomic_exchange(&running, false)) {
         atomic_store(&stopping, true);
@@ -77,7 +77,7 @@ void gg_ticker_stop(void)
         }
         gg_react_ticking(false);
     }
-    gg_react_tick(true);
+    gg_react_tick(true, with_stacks);
 }
 
 void gg_ticker_after_fork(void)

@@ -20,8 +20,8 @@ bool gg_ticker_start(void);
 
 /* Stop it before the summary: after this returns no tick runs (waits at
  * most a fraction of a second for one under way), then the last tick is
- * run here. */
-void gg_ticker_stop(void);
+ * run here (with_stacks: see gg_react_tick). */
+void gg_ticker_stop(bool with_stacks);
 
 /* A forked child has no such thread. */
 void gg_ticker_after_fork(void);
