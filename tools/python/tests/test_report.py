@@ -165,6 +165,15 @@ class TextReportTest(ReportTestBase):
         self.assertIn("unknown events skipped: hologram x1", out)
         self.assertNotIn("no summary", out)
 
+
+    def test_a_count_of_one_is_singular(self):
+        ev = journal_rank0()
+        ev[-1]["devices"][0].update(allocs=1, frees=1)
+        j = write_journal(os.path.join(self.tmp, "gpuguard.python.one.4244.jsonl"), ev)
+        rc, out, err = self.main(j)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("allocations  1 alloc, 1 free\n", out)
+
     def test_peak_sites_tree(self):
         # --native: every frame as the shim took it (the PyTorch view: test_report_torch)
         rc, out, _ = self.main("--native", self.j0)

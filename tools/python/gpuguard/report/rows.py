@@ -146,8 +146,8 @@ def device_rows(j, d, opts):
     if f["peak_t"] is not None:
         rows.append(("peak time", ["about %s (the highest sample)" % fmt_t(f["peak_t"])]))
     if d.summary is not None:
-        rows.append(("allocations", ["%s allocs, %s frees" % (fmt_count(f["allocs"]),
-                                                              fmt_count(f["frees"]))]))
+        rows.append(("allocations", ["%s, %s" % (plural(f["allocs"], "alloc"),
+                                                 plural(f["frees"], "free"))]))
         if f["live_allocs"] is None:
             rows.append(("live at exit", [fmt_bytes(f["live_bytes"])]))
         else:
