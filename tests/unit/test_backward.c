@@ -109,7 +109,7 @@ static void test_thread_name_and_step(void)
 
 int main(void)
 {
-    if (!mkdtemp(dir) || !gg_journal_open(dir, "test", -1))
+    if (!unit_tmpdir(dir) || !gg_journal_open(dir, "test", -1))
         return 1;
     RUN(test_thinned_per_site_with_counts);
     RUN(test_the_running_call_is_written_before_an_incident);

@@ -155,7 +155,7 @@ static void test_batch_and_summary(void)
 
 int main(void)
 {
-    if (!mkdtemp(dir) || !gg_journal_open(dir, "test", -1))
+    if (!unit_tmpdir(dir) || !gg_journal_open(dir, "test", -1))
         return 1;
     setup();
     RUN(test_start_mode_note_error);

@@ -68,7 +68,7 @@ static void test_unwritable(void)
 
 int main(void)
 {
-    if (!mkdtemp(dir))
+    if (!unit_tmpdir(dir))
         return 1;
     RUN(test_open_and_write);
     RUN(test_taken_over);

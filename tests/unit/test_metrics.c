@@ -493,7 +493,7 @@ int main(int argc, char **argv)
 {
     if (argc == 5 && !strcmp(argv[1], "rewrite"))
         return rewrite(argv[2], atol(argv[3]), atol(argv[4]));
-    if (!mkdtemp(dir)) {
+    if (!unit_tmpdir(dir)) {
         perror("mkdtemp");
         return 1;
     }

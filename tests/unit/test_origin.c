@@ -205,7 +205,7 @@ static void test_first_cuda(void)
 int main(void)
 {
     snprintf(root, sizeof root, "/tmp/gg-origin-XXXXXX");
-    if (!mkdtemp(root)) {
+    if (!unit_tmpdir(root)) {
         printf("mkdtemp: %s\n0 passed, 1 failed\n", strerror(errno));
         return 1;
     }

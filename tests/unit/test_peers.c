@@ -22,7 +22,7 @@ static char base[256];
 static void setup(void)
 {
     snprintf(base, sizeof base, "/tmp/gg-peers-test-XXXXXX");
-    if (!mkdtemp(base))
+    if (!unit_tmpdir(base))
         abort();
 }
 

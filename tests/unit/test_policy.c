@@ -81,7 +81,7 @@ static const char *tmp_dir(void)
 {
     if (!tmp_root[0]) {
         snprintf(tmp_root, sizeof tmp_root, "/tmp/gg_test_policy_XXXXXX");
-        if (!mkdtemp(tmp_root)) {
+        if (!unit_tmpdir(tmp_root)) {
             perror("mkdtemp");
             exit(2);
         }

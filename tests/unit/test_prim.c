@@ -67,7 +67,7 @@ static void test_env_copy(void)
 static void test_file_create(void)
 {
     char dir[] = "/tmp/gg_prim_XXXXXX", path[64], link[64];
-    CHECK(mkdtemp(dir) != NULL);
+    CHECK(unit_tmpdir(dir) != NULL);
     snprintf(path, sizeof path, "%s/j", dir);
     int fd = gg_file_create(path);
     CHECK(fd >= 0);

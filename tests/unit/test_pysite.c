@@ -89,7 +89,7 @@ static void at(char *out, size_t cap, const char *rel)
 static void test_found_beside_the_library(void)
 {
     char lib[PATH_MAX], out[PATH_MAX], want[PATH_MAX * 2];
-    CHECK(mkdtemp(root) != NULL);
+    CHECK(unit_tmpdir(root) != NULL);
     chmod(root, 0755);
     snprintf(lib, sizeof lib, "%s/lib", root);
     mkdir(lib, 0755);

@@ -480,7 +480,7 @@ static void test_detach_stops_asking(void)
 
 int main(void)
 {
-    if (!mkdtemp(dir) || !gg_journal_open(dir, "test", -1))
+    if (!unit_tmpdir(dir) || !gg_journal_open(dir, "test", -1))
         return 1;
     setup();
     RUN(test_nothing_is_asked_without_the_instrumentation);

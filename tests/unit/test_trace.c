@@ -129,7 +129,7 @@ static void test_child_and_existing_file(void)
 
 int main(void)
 {
-    if (!mkdtemp(dir))
+    if (!unit_tmpdir(dir))
         return 1;
     RUN(test_off_until_opened);
     RUN(test_early_lookups_come_first);

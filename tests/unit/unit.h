@@ -9,8 +9,10 @@
 #ifndef GG_UNIT_H
 #define GG_UNIT_H
 
+#include <ftw.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int unit_passed, unit_failed, unit_checks_failed;
@@ -69,8 +71,34 @@ static inline size_t unit_slurp(const char *path, char *buf, size_t cap)
     return n;
 }
 
+/* A temporary directory, as mkdtemp(templ) makes it; unit_done removes it
+ * with all it holds, or keeps it and names it when a test failed. */
+static char *unit_dirs[8];
+static int unit_ndirs;
+
+static inline char *unit_tmpdir(char *templ)
+{
+    char *dir = mkdtemp(templ);
+    if (dir && unit_ndirs < (int)(sizeof unit_dirs / sizeof *unit_dirs))
+        unit_dirs[unit_ndirs++] = dir;
+    return dir;
+}
+
+static inline int unit_remove(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    remove(path);
+    return 0;
+}
+
 static inline int unit_done(void)
 {
+    for (int i = 0; i < unit_ndirs; i++) {
+        if (unit_failed)
+            printf("kept %s\n", unit_dirs[i]);
+        else
+            nftw(unit_dirs[i], unit_remove, 16, FTW_DEPTH | FTW_PHYS);
+    }
     printf("%d passed, %d failed\n", unit_passed, unit_failed);
     return unit_failed ? 1 : 0;
 }
