@@ -237,16 +237,6 @@ size_t gg_sites_count(void)
     return atomic_load_explicit(&nsites, memory_order_acquire);
 }
 
-size_t gg_sites_footprint(void)
-{
-    size_t n = gg_sites_count();
-    size_t chunk_bytes = ((n + SITE_CHUNK - 1) / SITE_CHUNK) * SITE_CHUNK * sizeof(struct site);
-    size_t idx = atomic_load_explicit(&index_, memory_order_relaxed)
-                     ? (size_t)INDEX_SLOTS * sizeof(uint64_t)
-                     : 0;
-    return chunk_bytes + idx + gg_arena_footprint(&frames);
-}
-
 void gg_sites_after_fork(void)
 {
     gg_spin_reset(&lock);

@@ -67,9 +67,6 @@ bool gg_sites_set_note(gg_site site, void *note);
 /* Distinct sites stored. */
 size_t gg_sites_count(void);
 
-/* Bytes the table occupies. */
-size_t gg_sites_footprint(void);
-
 /* The insertion lock, for the fork story (life.c). */
 void gg_sites_after_fork(void);
 
