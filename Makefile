@@ -39,6 +39,11 @@ BUILD     ?= build
 SANFLAGS  :=
 endif
 
+# The version is written once, as include/gpuguard.h's GPUGUARD_VERSION
+# (the journal's start line); gpuguard.pc takes it from there, and a test
+# holds the Python package's __version__ to it.
+VERSION   := $(shell sed -n 's/^\#define GPUGUARD_VERSION "\(.*\)"$$/\1/p' include/gpuguard.h)
+
 CC        ?= cc
 OPT       ?= -O2
 CFLAGS    := -std=c11 -D_GNU_SOURCE $(OPT) -g -fPIC -Wall -Wextra -Werror \
@@ -239,7 +244,7 @@ install: all $(SIM_LIBS)
 	install -d $(DESTDIR)$(PREFIX)/share/gpuguard/site
 	install -m 0644 tools/python/gpuguard/_site/sitecustomize.py $(DESTDIR)$(PREFIX)/share/gpuguard/site/
 	ln -s ../python/gpuguard $(DESTDIR)$(PREFIX)/share/gpuguard/site/gpuguard
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|0.1.0|g' tools/build-aux/gpuguard.pc.in \
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' tools/build-aux/gpuguard.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/gpuguard.pc
 
 clean:
