@@ -120,17 +120,17 @@ void gg_backward_call(const struct gpuguard_pyframe *f, int n, const char *threa
     bool write = gg_budget_thin(count);
     if (write) {
         if (atomic_exchange(&unwritten, false)) /* a kept call, superseded by this one */
-            gg_budget_suppress(GG_LINE_BACKWARD);
+            gg_events_suppress(GG_EVENT_backward);
         gg_events_backward(gg_clock_at(now), name, f, n, has_step, step, count);
         return;
     }
     /* Kept for the next incident; the call it replaces was left out for good. */
     if (!gg_spin_trylock(&latest_lock, 1000)) {
-        gg_budget_suppress(GG_LINE_BACKWARD);
+        gg_events_suppress(GG_EVENT_backward);
         return;
     }
     if (atomic_load(&unwritten))
-        gg_budget_suppress(GG_LINE_BACKWARD);
+        gg_events_suppress(GG_EVENT_backward);
     latest.ns = now;
     latest.count = count;
     latest.step = step;
