@@ -157,6 +157,7 @@ uint64_t gg_backward_calls(void)
     return atomic_load_explicit(&calls, memory_order_relaxed);
 }
 
+#ifdef GG_TESTING
 uint64_t gg_backward_count(const struct gpuguard_pyframe *f, int n)
 {
     if (n > GG_BACKWARD_FRAMES)
@@ -164,12 +165,14 @@ uint64_t gg_backward_count(const struct gpuguard_pyframe *f, int n)
     _Atomic uint64_t *c = site_count(site_key(f, n < 0 ? 0 : n), false);
     return c ? atomic_load(c) : 0;
 }
+#endif
 
 void gg_backward_after_fork(void)
 {
     gg_spin_reset(&latest_lock);
 }
 
+#ifdef GG_TESTING
 void gg_backward_reset(void)
 {
     for (int i = 0; i < SITES; i++) {
@@ -181,3 +184,4 @@ void gg_backward_reset(void)
     atomic_store(&unwritten, false);
     gg_spin_reset(&latest_lock);
 }
+#endif
