@@ -705,7 +705,7 @@ static void suppressed_counts(struct gg_json *j, const uint64_t *base)
 {
     gg_json_obj(j);
     for (int k = 0; k < GG_EVENTS; k++) {
-        uint64_t n = gg_budget_suppressed(&budgets[k]) - (base ? base[k] : 0);
+        uint64_t n = gg_events_left_out((enum gg_event)k) - (base ? base[k] : 0);
         if (n)
             gg_json_ku64(j, event_name[k], n);
     }
@@ -716,7 +716,7 @@ bool gg_events_suppressed(uint64_t *base)
 {
     bool any = false;
     for (int k = 0; k < GG_EVENTS; k++)
-        any = any || gg_budget_suppressed(&budgets[k]) != base[k];
+        any = any || gg_events_left_out((enum gg_event)k) != base[k];
     if (!any)
         return false;
     struct gg_json j;
@@ -728,7 +728,7 @@ bool gg_events_suppressed(uint64_t *base)
     suppressed_counts(&j, NULL);
     end(&j);
     for (int k = 0; k < GG_EVENTS; k++)
-        base[k] = gg_budget_suppressed(&budgets[k]);
+        base[k] = gg_events_left_out((enum gg_event)k);
     return true;
 }
 
