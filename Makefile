@@ -39,6 +39,11 @@ BUILD     ?= build
 SANFLAGS  :=
 endif
 
+# The version is written once, as include/gpuguard.h's GPUGUARD_VERSION
+# (the journal's start line); gpuguard.pc takes it from there, and a test
+# holds the Python package's __version__ to it.
+VERSION   := $(shell sed -n 's/^\#define GPUGUARD_VERSION "\(.*\)"$$/\1/p' include/gpuguard.h)
+
 CC        ?= cc
 OPT       ?= -O2
 CFLAGS    := -std=c11 -D_GNU_SOURCE $(OPT) -g -fPIC -Wall -Wextra -Werror \
@@ -58,7 +63,14 @@ SHIM_MAP  := shim/gpuguard.map
 # The interposer: what exports CUDA names or overrides dlsym (layer 6, and
 # the trampoline). Everything else is the core, for unit tests and tools.
 INTERPOSER := hook_runtime hook_driver lookup api trampoline
-CORE_OBJ  := $(filter-out $(patsubst %,$(BUILD)/shim/%.o,$(INTERPOSER)),$(SHIM_OBJ))
+# Test-only entry points (a module's reset, a probe of its state) are
+# compiled only with -DGG_TESTING, so the shipped library leaves them out:
+# the modules that have any are built a second time with them, into
+# $(BUILD)/shim-testing, for the core archive the unit tests link.
+TESTING_SRC := $(shell grep -l '^\#ifdef GG_TESTING' $(SHIM_SRC))
+TESTING_OBJ := $(patsubst shim/%.c,$(BUILD)/shim-testing/%.o,$(TESTING_SRC))
+CORE_OBJ  := $(filter-out $(patsubst %,$(BUILD)/shim/%.o,$(INTERPOSER)) \
+               $(patsubst shim/%.c,$(BUILD)/shim/%.o,$(TESTING_SRC)),$(SHIM_OBJ)) $(TESTING_OBJ)
 CORE_LIB  := $(BUILD)/libggcore.a
 
 .PHONY: all deps deps-build docs check test test-unit test-e2e test-tsan test-gpu demo bench fuzz install \
@@ -80,6 +92,10 @@ deps-build:
 
 $(BUILD)/shim/%.o: shim/%.c shim/*.h shim/*.def include/gpuguard.h | $(BUILD)/shim
 	$(CC) $(CFLAGS) $(COVFLAGS) -fvisibility=hidden -DGPUGUARD_SHIM -Iinclude $(CUDA_INC) $(DEP_CFLAGS) -c $< -o $@
+
+$(BUILD)/shim-testing/%.o: shim/%.c shim/*.h shim/*.def include/gpuguard.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(COVFLAGS) -fvisibility=hidden -DGPUGUARD_SHIM -DGG_TESTING -Iinclude $(CUDA_INC) $(DEP_CFLAGS) -c $< -o $@
 
 $(SHIM_LIB): $(SHIM_OBJ) $(SHIM_MAP) shim/LAYERS tools/build-aux/layers.py
 	$(CC) -shared -o $@ $(SHIM_OBJ) $(LDFLAGS) $(COVFLAGS) -Wl,-z,defs -Wl,-z,nodelete -Wl,--as-needed \
@@ -106,7 +122,7 @@ $(BUILD)/shim $(BUILD)/tests/unit $(BUILD)/tests/progs $(BUILD)/fake:
 UNIT_SRC  := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/unit/%,$(UNIT_SRC))
 $(BUILD)/tests/unit/%: tests/unit/%.c tests/unit/unit.h $(CORE_LIB) | $(BUILD)/tests/unit
-	$(CC) $(CFLAGS) -Iinclude -Ishim $(CUDA_INC) $(DEP_CFLAGS) $< $(CORE_LIB) -o $@ \
+	$(CC) $(CFLAGS) -DGG_TESTING -Iinclude -Ishim $(CUDA_INC) $(DEP_CFLAGS) $< $(CORE_LIB) -o $@ \
 	  $(LDFLAGS) $(COVFLAGS:--coverage=-lgcov) $(DEP_LIBS) -ldl -lpthread -lm
 
 # Test programs: ordinary CUDA applications, linked against the fake runtime.
@@ -148,7 +164,7 @@ coverage: deps
 	@$(MAKE) --no-print-directory $(SUBJOBS) COVERAGE=1 coverage-build
 	@find build/cov -name '*.gcda' -delete
 	@rc=0; GG_BUILD=build/cov $(PYTHON) tests/run.py --unit --e2e $(RUNFLAGS) || rc=$$?; \
-	  $(PYTHON) tools/build-aux/coverage.py build/cov/shim shim/*.c || rc=$$?; exit $$rc
+	  $(PYTHON) tools/build-aux/coverage.py build/cov/shim:build/cov/shim-testing shim/*.c || rc=$$?; exit $$rc
 
 coverage-build: $(TEST_DEPS)
 
@@ -239,7 +255,7 @@ install: all $(SIM_LIBS)
 	install -d $(DESTDIR)$(PREFIX)/share/gpuguard/site
 	install -m 0644 tools/python/gpuguard/_site/sitecustomize.py $(DESTDIR)$(PREFIX)/share/gpuguard/site/
 	ln -s ../python/gpuguard $(DESTDIR)$(PREFIX)/share/gpuguard/site/gpuguard
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|0.1.0|g' tools/build-aux/gpuguard.pc.in \
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' tools/build-aux/gpuguard.pc.in \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/gpuguard.pc
 
 clean:

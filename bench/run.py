@@ -425,7 +425,7 @@ def main():
                     "with": sk["bytes_per_hour"] / (1 << 20), "added": None, "ratio": None,
                     "unit": "MiB/h", "target": "< 12 MiB/h",
                     "result": verdict(sk["bytes_per_hour"] < 12 * (1 << 20)),
-                    "note": f"{sk['bytes']} bytes for {sk['pairs']} pairs; issue 17: under 2 MiB "
+                    "note": f"{sk['bytes']} bytes for {sk['pairs']} pairs; the bound: under 2 MiB "
                             f"per 10 min"})
 
     if stk:

@@ -136,7 +136,7 @@ def instrumentation(sess, policy, rounds, steps, warmup):
               "history on (a forecast's step)", low(off) * 1e3, low(on) * 1e3, added, allocs,
               added / allocs if allocs else float("nan"), statistics.median(off) * 1e3,
               statistics.median(on) * 1e3))
-    # each step's input and need (issue 30): the forward pre-hook armed at each
+    # each step's input and need: the forward pre-hook armed at each
     # boundary, PyTorch's peak counters read and reset, both told to the shim
     off, on = [], []
     for _ in range(rounds):

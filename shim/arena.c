@@ -27,10 +27,12 @@ void *gg_arena_alloc(struct gg_arena *a, size_t size, size_t align)
     return r;
 }
 
+#ifdef GG_TESTING
 size_t gg_arena_footprint(const struct gg_arena *a)
 {
     return (size_t)a->chunks * GG_ARENA_CHUNK;
 }
+#endif
 
 const char *gg_strings_intern(struct gg_strings *t, const char *s)
 {

@@ -25,8 +25,10 @@ struct gg_arena {
  * max_chunks, size is 0 or larger than a chunk, or mmap failed. */
 void *gg_arena_alloc(struct gg_arena *a, size_t size, size_t align);
 
+#ifdef GG_TESTING
 /* Bytes mapped so far. */
 size_t gg_arena_footprint(const struct gg_arena *a);
+#endif
 
 /* Interned strings: equal strings share one copy in the arena. */
 struct gg_strings {

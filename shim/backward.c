@@ -120,17 +120,17 @@ void gg_backward_call(const struct gpuguard_pyframe *f, int n, const char *threa
     bool write = gg_budget_thin(count);
     if (write) {
         if (atomic_exchange(&unwritten, false)) /* a kept call, superseded by this one */
-            gg_budget_suppress(GG_LINE_BACKWARD);
+            gg_events_suppress(GG_EVENT_backward);
         gg_events_backward(gg_clock_at(now), name, f, n, has_step, step, count);
         return;
     }
     /* Kept for the next incident; the call it replaces was left out for good. */
     if (!gg_spin_trylock(&latest_lock, 1000)) {
-        gg_budget_suppress(GG_LINE_BACKWARD);
+        gg_events_suppress(GG_EVENT_backward);
         return;
     }
     if (atomic_load(&unwritten))
-        gg_budget_suppress(GG_LINE_BACKWARD);
+        gg_events_suppress(GG_EVENT_backward);
     latest.ns = now;
     latest.count = count;
     latest.step = step;
@@ -157,6 +157,7 @@ uint64_t gg_backward_calls(void)
     return atomic_load_explicit(&calls, memory_order_relaxed);
 }
 
+#ifdef GG_TESTING
 uint64_t gg_backward_count(const struct gpuguard_pyframe *f, int n)
 {
     if (n > GG_BACKWARD_FRAMES)
@@ -164,12 +165,14 @@ uint64_t gg_backward_count(const struct gpuguard_pyframe *f, int n)
     _Atomic uint64_t *c = site_count(site_key(f, n < 0 ? 0 : n), false);
     return c ? atomic_load(c) : 0;
 }
+#endif
 
 void gg_backward_after_fork(void)
 {
     gg_spin_reset(&latest_lock);
 }
 
+#ifdef GG_TESTING
 void gg_backward_reset(void)
 {
     for (int i = 0; i < SITES; i++) {
@@ -181,3 +184,4 @@ void gg_backward_reset(void)
     atomic_store(&unwritten, false);
     gg_spin_reset(&latest_lock);
 }
+#endif

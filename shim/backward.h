@@ -35,13 +35,17 @@ void gg_backward_flush(void);
 /* Calls so far, of every site (lines are thinned: this is not). */
 uint64_t gg_backward_calls(void);
 
+#ifdef GG_TESTING
 /* A call site's running count so far (tests); 0 when never seen. */
 uint64_t gg_backward_count(const struct gpuguard_pyframe *f, int n);
+#endif
 
 /* The fork story (life.c): the lock is reset in a forked child. */
 void gg_backward_after_fork(void);
 
+#ifdef GG_TESTING
 /* Start again (unit tests). */
 void gg_backward_reset(void);
+#endif
 
 #endif /* GG_BACKWARD_H */

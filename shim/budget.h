@@ -12,39 +12,28 @@
  *     which holds for any number of sources.
  *
  * Every line not written is counted per kind (gg_budget_suppressed); the
- * counts are journaled at intervals and in the summary. A few lines are
- * never limited: start, summary, and the lines that report suppression and
- * loss themselves.
+ * counts are journaled at intervals and in the summary. This module is the
+ * mechanism; which kinds there are and each one's burst and rate are the
+ * events' rows of events.def (events.c holds one budget per event).
  */
 #ifndef GG_BUDGET_H
 #define GG_BUDGET_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
-enum gg_line {
-    GG_LINE_NEAR_MISS,
-    GG_LINE_REFUSED,
-    GG_LINE_OOM,
-    GG_LINE_ADVICE,
-    GG_LINE_SAMPLE,
-    GG_LINE_STEP,
-    GG_LINE_LEAK,
-    GG_LINE_BATCH,
-    GG_LINE_NOTE,
-    GG_LINE_ARCH,
-    GG_LINE_ERROR,
-    GG_LINE_MODE,
-    GG_LINE_TORCH,
-    GG_LINE_BACKWARD,
-    GG_LINE_PEAK,
-    GG_LINES,
-    GG_LINE_ALWAYS = GG_LINES /* never limited */
+/* One kind of line's budget. */
+struct gg_budget {
+    uint32_t burst, per_min;     /* lines at once, then lines a minute; 0: never limited */
+    _Atomic uint64_t tat;        /* the next line's theoretical arrival (GCRA); 0: unused */
+    _Atomic uint64_t suppressed; /* lines not written since the start */
 };
+#define GG_BUDGET(burst, per_min) { (burst), (per_min), 0, 0 }
 
 /* May a line of this kind be written now? False: it is counted as
- * suppressed. */
-bool gg_budget_take(enum gg_line kind);
+ * suppressed. Always true for a kind never limited. */
+bool gg_budget_take(struct gg_budget *b);
 
 /* The per-source rule for a source's n-th event (n >= 1): true for the
  * first 8 and every power of two after. */
@@ -54,15 +43,9 @@ static inline bool gg_budget_thin(uint64_t n)
 }
 
 /* A line the per-source rule left out: counted. */
-void gg_budget_suppress(enum gg_line kind);
+void gg_budget_suppress(struct gg_budget *b);
 
 /* Lines of this kind not written since the start. */
-uint64_t gg_budget_suppressed(enum gg_line kind);
-
-/* The event's name ("near_miss", ...). */
-const char *gg_budget_name(enum gg_line kind);
-
-/* Start again (unit tests; the budgets are the process's). */
-void gg_budget_reset(void);
+uint64_t gg_budget_suppressed(struct gg_budget *b);
 
 #endif /* GG_BUDGET_H */

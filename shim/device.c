@@ -306,8 +306,10 @@ void gg_devices_after_fork(void)
         gg_peers_after_fork(&gg_devices[i].peers);
 }
 
+#ifdef GG_TESTING
 void gg_devices_reset(void)
 {
     memset(gg_devices, 0, sizeof gg_devices);
     gg_device_count = 0;
 }
+#endif

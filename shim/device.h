@@ -159,7 +159,9 @@ void gg_device_close_phase(struct gg_device *d, struct gg_window *out);
  * whose runtime is about to make the device's primary context anyway. */
 uint64_t gg_device_refresh(struct gg_device *d, int dev, bool may_retain);
 
+#ifdef GG_TESTING
 /* For tests: forget every device. */
 void gg_devices_reset(void);
+#endif
 
 #endif /* GG_DEVICE_H */

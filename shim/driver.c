@@ -109,16 +109,6 @@ int gg_driver_open(bool load, char *why, size_t cap)
     return 0;
 }
 
-bool gg_driver_loaded(void)
-{
-    if (atomic_load_explicit(&handle, memory_order_acquire))
-        return true;
-    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    if (h)
-        dlclose(h);
-    return h != NULL;
-}
-
 void *gg_driver_sym(const char *name)
 {
     void *h = atomic_load_explicit(&handle, memory_order_acquire);

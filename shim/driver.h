@@ -14,8 +14,6 @@
 
 /* Find libcuda.so.1: the one loaded, or (load) load it. 0, or -1 with why. */
 int gg_driver_open(bool load, char *why, size_t cap);
-/* Is libcuda.so.1 loaded in the process (without loading it)? */
-bool gg_driver_loaded(void);
 
 /* A driver function by its exported name (cuMemGetInfo_v2); NULL if the
  * driver is not open or has no such function. */

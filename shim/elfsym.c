@@ -545,6 +545,7 @@ bool gg_elfsym_lookup(uintptr_t addr, struct gg_elfsym_hit *out)
     return m != NULL;
 }
 
+#ifdef GG_TESTING
 long gg_elfsym_test_file(const char *path, uint64_t vaddr, char *name, size_t size)
 {
     struct module m = { 0 };
@@ -562,6 +563,7 @@ long gg_elfsym_test_file(const char *path, uint64_t vaddr, char *name, size_t si
     gg_spin_unlock(&g_lock);
     return ok ? (long)m.nsyms : -1;
 }
+#endif
 
 void gg_elfsym_after_fork(void)
 {

@@ -46,10 +46,12 @@ bool gg_elfsym_lookup(uintptr_t addr, struct gg_elfsym_hit *out);
  * not a C++ name or no demangler is loaded. */
 bool gg_elfsym_demangle(const char *name, char *out, size_t size);
 
+#ifdef GG_TESTING
 /* For tests: the functions read from the file at `path` (no loaded image to
  * compare with), and the one holding file address `vaddr` copied to name
  * ("" when none). Returns how many functions, or -1 for a file rejected. */
 long gg_elfsym_test_file(const char *path, uint64_t vaddr, char *name, size_t size);
+#endif
 
 /* The fork story (life.c): the lock is reset in a forked child. */
 void gg_elfsym_after_fork(void);

@@ -21,23 +21,22 @@
 
 /* ---- the schema: events.def ------------------------------------------------------ */
 
-/* Every event, with the line budget it is written under. */
-enum gg_event {
-#define EVENT(ev, budget, fields, meaning) GG_EVENT_##ev,
+/* Every event's name, and the budget its lines are written under: its
+ * row's LIMIT(burst, per_min), or ALWAYS (never limited). */
+static const char *const event_name[GG_EVENTS] = {
+#define EVENT(ev, budget, fields, meaning) [GG_EVENT_##ev] = #ev,
 #define PART(part, meaning)
 #define FIELD(ev, id, key, parent, type, use, meaning)
 #include "events.def"
 #undef FIELD
 #undef PART
 #undef EVENT
-    GG_EVENTS
 };
 
-static const struct {
-    const char *name;
-    enum gg_line budget;
-} event_info[GG_EVENTS] = {
-#define EVENT(ev, budget, fields, meaning) [GG_EVENT_##ev] = {#ev, GG_LINE_##budget},
+#define ALWAYS GG_BUDGET(0, 0)
+#define LIMIT(burst, per_min) GG_BUDGET(burst, per_min)
+static struct gg_budget budgets[GG_EVENTS] = {
+#define EVENT(ev, budget, fields, meaning) [GG_EVENT_##ev] = budget,
 #define PART(part, meaning)
 #define FIELD(ev, id, key, parent, type, use, meaning)
 #include "events.def"
@@ -45,6 +44,19 @@ static const struct {
 #undef PART
 #undef EVENT
 };
+#undef LIMIT
+#undef ALWAYS
+
+void gg_events_suppress(enum gg_event ev)
+{
+    if ((unsigned)ev < GG_EVENTS)
+        gg_budget_suppress(&budgets[ev]);
+}
+
+uint64_t gg_events_left_out(enum gg_event ev)
+{
+    return (unsigned)ev < GG_EVENTS ? gg_budget_suppressed(&budgets[ev]) : 0;
+}
 
 /* Every field, by event (or part) and id: F(ev, id) is the key events.def
  * gives it, and a key without a row there does not compile. */
@@ -79,7 +91,7 @@ static void open_line(struct gg_json *j, char *buf, size_t cap, enum gg_event ev
     gg_json_init(j, buf, cap);
     gg_json_obj(j);
     gg_json_kf64(j, "t", t);
-    gg_json_kstr(j, "ev", event_info[ev].name);
+    gg_json_kstr(j, "ev", event_name[ev]);
 }
 
 /* A line of event ev may be written (its budget, budget.h): begin it, in a
@@ -87,8 +99,7 @@ static void open_line(struct gg_json *j, char *buf, size_t cap, enum gg_event ev
  * be small), or on the heap when the side stack has no room. */
 static bool begin(struct gg_json *j, size_t cap, enum gg_event ev)
 {
-    enum gg_line kind = event_info[ev].budget;
-    if (kind != GG_LINE_ALWAYS && !gg_budget_take(kind))
+    if (!gg_budget_take(&budgets[ev]))
         return false;
     open_line(j, gg_side_push(cap), cap, ev, gg_clock_since_start());
     return true;
@@ -260,7 +271,7 @@ void gg_events_incident(const struct gg_call *c, const struct gg_verdict *v,
         return;
     struct gg_json j;
     enum gg_event ev = incident_event[v->incident];
-    if (!gg_budget_take(event_info[ev].budget))
+    if (!gg_budget_take(&budgets[ev]))
         return;
     open_line(&j, gg_side_push(4096), 4096, ev, gg_clock_at(f->ns)); /* the moment's t */
     gg_json_ki64(&j, F(incident, dev), c->dev);
@@ -411,7 +422,7 @@ void gg_events_sample(int dev, uint64_t current, uint64_t used, double t)
 {
     char buf[256];
     struct gg_json j;
-    if (!gg_budget_take(event_info[EV(sample)].budget))
+    if (!gg_budget_take(&budgets[EV(sample)]))
         return;
     open_line(&j, buf, sizeof buf, EV(sample), t);
     gg_json_ki64(&j, F(sample, dev), dev);
@@ -544,7 +555,7 @@ void gg_events_backward(double t, const char *thread, const struct gpuguard_pyfr
                         bool has_step, uint64_t step, uint64_t count)
 {
     struct gg_json j;
-    if (!gg_budget_take(event_info[EV(backward)].budget))
+    if (!gg_budget_take(&budgets[EV(backward)]))
         return;
     open_line(&j, gg_side_push(4096), 4096, EV(backward), t);
     gg_json_key(&j, F(backward, thread));
@@ -693,10 +704,10 @@ void gg_events_peak(int dev, uint64_t peak, uint64_t peak_used, uint64_t step1)
 static void suppressed_counts(struct gg_json *j, const uint64_t *base)
 {
     gg_json_obj(j);
-    for (int k = 0; k < GG_LINES; k++) {
-        uint64_t n = gg_budget_suppressed((enum gg_line)k) - (base ? base[k] : 0);
+    for (int k = 0; k < GG_EVENTS; k++) {
+        uint64_t n = gg_events_left_out((enum gg_event)k) - (base ? base[k] : 0);
         if (n)
-            gg_json_ku64(j, gg_budget_name((enum gg_line)k), n);
+            gg_json_ku64(j, event_name[k], n);
     }
     gg_json_obj_end(j);
 }
@@ -704,8 +715,8 @@ static void suppressed_counts(struct gg_json *j, const uint64_t *base)
 bool gg_events_suppressed(uint64_t *base)
 {
     bool any = false;
-    for (int k = 0; k < GG_LINES; k++)
-        any = any || gg_budget_suppressed((enum gg_line)k) != base[k];
+    for (int k = 0; k < GG_EVENTS; k++)
+        any = any || gg_events_left_out((enum gg_event)k) != base[k];
     if (!any)
         return false;
     struct gg_json j;
@@ -716,8 +727,8 @@ bool gg_events_suppressed(uint64_t *base)
     gg_json_key(&j, F(suppressed, total));
     suppressed_counts(&j, NULL);
     end(&j);
-    for (int k = 0; k < GG_LINES; k++)
-        base[k] = gg_budget_suppressed((enum gg_line)k);
+    for (int k = 0; k < GG_EVENTS; k++)
+        base[k] = gg_events_left_out((enum gg_event)k);
     return true;
 }
 

@@ -16,6 +16,25 @@
 #include "settings.h"
 #include "steps.h"
 
+/* Every event of events.def (GG_EVENT_near_miss, ...): each is also a kind
+ * of line with its own budget (budget.h), its row's. */
+enum gg_event {
+#define EVENT(ev, budget, fields, meaning) GG_EVENT_##ev,
+#define PART(part, meaning)
+#define FIELD(ev, id, key, parent, type, use, meaning)
+#include "events.def"
+#undef FIELD
+#undef PART
+#undef EVENT
+    GG_EVENTS
+};
+
+/* A line of event ev that the per-source rule (gg_budget_thin) left out:
+ * counted, as the budget counts the lines it refuses. */
+void gg_events_suppress(enum gg_event ev);
+/* Lines of event ev not written since the start. */
+uint64_t gg_events_left_out(enum gg_event ev);
+
 /* start: the process and its devices. */
 void gg_events_start(const char *comm, const char *host, long rank);
 /* mode: device dev switched (auto -> enforce). */
@@ -122,7 +141,7 @@ void gg_events_peak(int dev, uint64_t peak, uint64_t peak_used, uint64_t step1);
  * in a signal handler: no lock, no allocation. */
 void gg_events_killed(int sig);
 /* suppressed: lines the budgets left out (budget.h) since the counts in
- * base[GG_LINES], and in all; base is then updated. False (nothing
+ * base[GG_EVENTS], and in all; base is then updated. False (nothing
  * written) when none were left out since. */
 bool gg_events_suppressed(uint64_t *base);
 

@@ -222,6 +222,7 @@ static int parse_region(struct src *s)
     return s->fb->err;
 }
 
+#ifdef GG_TESTING
 int gg_fatbin_parse(struct gg_fatbin *fb, const void *data, size_t size)
 {
     struct src s = {.fb = fb, .mem = data, .lo = 0, .hi = size};
@@ -229,6 +230,7 @@ int gg_fatbin_parse(struct gg_fatbin *fb, const void *data, size_t size)
         return fail(fb, GG_FATBIN_ETRUNC, 0);
     return parse_region(&s);
 }
+#endif
 
 int gg_fatbin_wrapper_data(const void *wrapper, size_t wrapper_avail, const void **data)
 {

@@ -94,9 +94,11 @@ struct gg_fatbin {
 
 void gg_fatbin_init(struct gg_fatbin *fb);
 
+#ifdef GG_TESTING
 /* The fat binaries back to back in [data, data + size), as in a .nv_fatbin
  * section in memory. Returns fb->err (GG_FATBIN_OK when all were read). */
 int gg_fatbin_parse(struct gg_fatbin *fb, const void *data, size_t size);
+#endif
 
 /* The fat binary a registration wrapper points at. `wrapper_avail` and the
  * data's `data_avail` (see gg_fatbin_wrapper_data) are the readable bytes

@@ -282,6 +282,7 @@ uint64_t gg_ledger_frees(int dev)
     return (unsigned)dev <= GG_LEDGER_NO_DEVICE ? sum(offsetof(struct shard, frees), dev) : 0;
 }
 
+#ifdef GG_TESTING
 uint64_t gg_ledger_footprint(void)
 {
     uint64_t bytes = sizeof shards;
@@ -297,6 +298,7 @@ void gg_ledger_reset(void)
         memset(&shards[k], 0, sizeof shards[k]);
     }
 }
+#endif
 
 void gg_ledger_after_fork(void)
 {

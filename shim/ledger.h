@@ -93,11 +93,13 @@ bool gg_ledger_find(uintptr_t key, struct gg_entry *out);
 uint64_t gg_ledger_allocs(int dev);
 uint64_t gg_ledger_frees(int dev);
 
+#ifdef GG_TESTING
 /* Bytes the table itself occupies. */
 uint64_t gg_ledger_footprint(void);
 
 /* Forget everything (tests). Not thread-safe. */
 void gg_ledger_reset(void);
+#endif
 
 /* The fork story (life.c): the child never uses the ledger, only its locks
  * must not stay held. */

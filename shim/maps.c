@@ -100,6 +100,7 @@ bool gg_maps_take(uintptr_t va, struct gg_mapping *out)
     return at >= 0;
 }
 
+#ifdef GG_TESTING
 uint64_t gg_maps_count(void)
 {
     return count;
@@ -112,6 +113,7 @@ void gg_maps_reset(void)
     cap = count = 0;
     gg_spin_reset(&lock);
 }
+#endif
 
 void gg_maps_after_fork(void)
 {

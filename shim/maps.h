@@ -27,10 +27,12 @@ bool gg_maps_add(const struct gg_mapping *m, struct gg_mapping *old, bool *had_o
 /* Forget the mapping that starts at va; false when there is none. */
 bool gg_maps_take(uintptr_t va, struct gg_mapping *out);
 
+#ifdef GG_TESTING
 /* Mappings remembered. */
 uint64_t gg_maps_count(void);
 
 void gg_maps_reset(void);       /* tests */
+#endif
 void gg_maps_after_fork(void);  /* the fork story (life.c) */
 
 #endif /* GG_MAPS_H */

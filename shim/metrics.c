@@ -161,6 +161,7 @@ static void put_escaped(struct out *o, const char *s, bool label)
     }
 }
 
+#ifdef GG_TESTING
 size_t gg_metrics_escape(char *out, size_t cap, const char *s)
 {
     struct out o = {out, 0, cap ? cap - 1 : 0, cap == 0};
@@ -173,6 +174,7 @@ size_t gg_metrics_escape(char *out, size_t cap, const char *s)
     out[o.len] = '\0';
     return o.len;
 }
+#endif
 
 /* `key="value"` into o, with a comma before all but the first. */
 static void label(struct out *o, const char *key, const char *value)
@@ -532,10 +534,12 @@ bool gg_metrics_on(void)
     return m.on && atomic_load(&gate) != GATE_CLOSED;
 }
 
+#ifdef GG_TESTING
 const char *gg_metrics_path(void)
 {
     return m.on ? m.path : "";
 }
+#endif
 
 void gg_metrics_exit(void)
 {

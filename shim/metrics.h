@@ -70,11 +70,13 @@ void gg_metrics_after_fork(void);
 size_t gg_metrics_render(char *buf, size_t cap);
 /* Render and write the file now (what a tick does): true when written. */
 bool gg_metrics_write(void);
+#ifdef GG_TESTING
 /* The file's path ("" when off). */
 const char *gg_metrics_path(void);
 /* A label value in the exposition format: \ " and newline escaped. The
  * length written (without the NUL); 0 and "" when it did not fit. */
 size_t gg_metrics_escape(char *out, size_t cap, const char *s);
+#endif
 /* This process's instance id (16 hex digits): its boot's id, its PID
  * namespace and its start time, hashed with its pid, so that processes that
  * share a host name and a pid (containers with host networking, each its

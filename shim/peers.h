@@ -39,7 +39,6 @@
 #include <stdint.h>
 
 #define GG_PEERS_SLOTS 64
-#define GG_PEERS_KEY 64 /* a key's length (a GPU's UUID), at most */
 
 struct gg_peer_slot {
     _Alignas(64) _Atomic uint64_t cur;

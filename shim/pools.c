@@ -236,12 +236,14 @@ unsigned gg_pools_next(unsigned after)
     return GG_POOL_NONE;
 }
 
+#ifdef GG_TESTING
 void gg_pools_reset(void)
 {
     memset(slots, 0, sizeof slots);
     memset(live_bits, 0, sizeof live_bits);
     gg_spin_reset(&table_lock);
 }
+#endif
 
 void gg_pools_after_fork(void)
 {

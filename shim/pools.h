@@ -80,8 +80,10 @@ bool gg_pools_figures(unsigned slot, struct gg_pool_figures *out);
  * GG_POOL_NONE at the end. */
 unsigned gg_pools_next(unsigned after);
 
+#ifdef GG_TESTING
 /* Forget every pool (tests). Not thread-safe. */
 void gg_pools_reset(void);
+#endif
 
 /* The fork story (life.c): the locks must not stay held. */
 void gg_pools_after_fork(void);

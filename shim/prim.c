@@ -234,10 +234,12 @@ void gg_side_pop(void *p)
         side_used = (size_t)(c - side_base);
 }
 
+#ifdef GG_TESTING
 size_t gg_side_used(void)
 {
     return side_used;
 }
+#endif
 
 /* ---- one lock --------------------------------------------------------------- */
 

@@ -128,8 +128,10 @@ uint64_t gg_progress_count(void);
 #define GG_SIDE_BYTES (256u << 10)
 void *gg_side_push(size_t n);
 void gg_side_pop(void *p);
+#ifdef GG_TESTING
 /* Bytes of this thread's side stack in use (tests). */
 size_t gg_side_used(void);
+#endif
 
 /* ---- numbers ----------------------------------------------------------------- */
 

@@ -154,8 +154,10 @@ bool gg_pycall_add(gg_pycall_fn fn, void *arg)
     return ok;
 }
 
+#ifdef GG_TESTING
 void gg_pycall_test_use(int (*add)(gg_pycall_fn, void *), int (*finalizing)(void))
 {
     add_fn = add;
     finalizing_fn = finalizing;
 }
+#endif

@@ -57,8 +57,10 @@ bool gg_pycall_keep(void *obj);
  * reference given back) when the interpreter's functions are missing. */
 bool gg_pycall_raise(void *exc);
 
+#ifdef GG_TESTING
 /* For tests: use these in place of the interpreter's functions (NULL
  * finalizing: never). */
 void gg_pycall_test_use(int (*add)(gg_pycall_fn, void *), int (*finalizing)(void));
+#endif
 
 #endif /* GG_PYCALL_H */

@@ -1057,17 +1057,20 @@ enum gg_py_state gg_py_state(void)
     }
 }
 
+#ifdef GG_TESTING
 const char *gg_py_status(void)
 {
     gg_py_state();
     return g_status;
 }
+#endif
 
 const char *gg_py_take_error(void)
 {
     return atomic_exchange(&g_error_pending, false) ? g_error : NULL;
 }
 
+#ifdef GG_TESTING
 bool gg_py_test_raw(uintptr_t code, int32_t addr, struct gg_py_raw *out)
 {
     uint8_t hdr[CODE_HDR];
@@ -1093,6 +1096,7 @@ void gg_py_test_rescan_now(void)
 {
     atomic_store(&g_next_scan_ns, 0);
 }
+#endif
 
 void gg_py_after_fork(void)
 {

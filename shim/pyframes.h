@@ -99,9 +99,11 @@ enum gg_py_state {
 /* Where capture stands; looks for Python if that was not done yet. */
 enum gg_py_state gg_py_state(void);
 
+#ifdef GG_TESTING
 /* One line saying what was found and whether frames are captured, e.g.
  * "CPython 3.11.7 (libpython3.11.so.1.0): frames on". Never NULL. */
 const char *gg_py_status(void);
+#endif
 
 /* The reason capture failed, once per process (NULL before and after):
  * what the journal writes as its one `error` line. */
@@ -127,6 +129,7 @@ size_t gg_py_utf8(unsigned kind, const void *data, size_t length, char *out, siz
  * says whether it is compact ASCII. `ready_bit`: 3.10 and 3.11 have one. */
 unsigned gg_py_str_kind(uint32_t state, bool ready_bit, bool *ascii);
 
+#ifdef GG_TESTING
 /* For tests: a raw frame for a live code object (address from id(code)) and
  * offset, as capture would record it; false when `code` is not one. A
  * frame's cache entry forgotten (NULL: all; interned strings stay). The next
@@ -134,6 +137,7 @@ unsigned gg_py_str_kind(uint32_t state, bool ready_bit, bool *ascii);
 bool gg_py_test_raw(uintptr_t code, int32_t addr, struct gg_py_raw *out);
 void gg_py_test_forget(const struct gg_py_raw *f);
 void gg_py_test_rescan_now(void);
+#endif
 
 /* The fork story (life.c): the lock is reset in a forked child. */
 void gg_py_after_fork(void);

@@ -113,7 +113,7 @@ static void peak_lines(void)
 
 void gg_react_tick(bool report_suppressed, bool with_stacks)
 {
-    static uint64_t base[GG_LINES];
+    static uint64_t base[GG_EVENTS];
     if (with_stacks)
         gg_react_settle(GG_RETRY_STALE_NS); /* failures no retry followed */
     timeline_all();
@@ -155,7 +155,7 @@ static bool advice_line(const struct gg_advice *a, enum gg_reason why)
     uint64_t n = atomic_fetch_add_explicit(&s->count, 1, memory_order_relaxed) + 1;
     if (gg_budget_thin(n))
         return true;
-    gg_budget_suppress(GG_LINE_ADVICE);
+    gg_events_suppress(GG_EVENT_advice);
     return false;
 }
 
@@ -221,9 +221,9 @@ void gg_react_python(void)
 static const enum gg_reason incident_reason[] = {
     [GG_INCIDENT_NEAR_MISS] = GG_REASON_NEAR_MISS, [GG_INCIDENT_REFUSED] = GG_REASON_REFUSED,
     [GG_INCIDENT_OOM] = GG_REASON_OOM};
-static const enum gg_line incident_line[] = {
-    [GG_INCIDENT_NEAR_MISS] = GG_LINE_NEAR_MISS, [GG_INCIDENT_REFUSED] = GG_LINE_REFUSED,
-    [GG_INCIDENT_OOM] = GG_LINE_OOM};
+static const enum gg_event incident_event[] = {
+    [GG_INCIDENT_NEAR_MISS] = GG_EVENT_near_miss, [GG_INCIDENT_REFUSED] = GG_EVENT_refused,
+    [GG_INCIDENT_OOM] = GG_EVENT_oom};
 
 /* The moment's facts of an incident on call c: the process's bytes on the
  * device now, the step in progress and its input. */
@@ -274,7 +274,7 @@ static void say(const struct gg_episode *e, bool failure)
         gg_backward_flush(); /* the .backward() running now, if its line was left out */
         gg_events_incident(c, v, &f); /* the timeline stays the tick's: not on this path */
     } else {
-        gg_budget_suppress(incident_line[v->incident]);
+        gg_events_suppress(incident_event[v->incident]);
     }
     if (!failure)
         advise(c->dev, incident_reason[v->incident], NULL); /* a failure's: at its call */

@@ -183,7 +183,9 @@ void gg_retry_after_fork(void)
     forget();
 }
 
+#ifdef GG_TESTING
 void gg_retry_reset(void)
 {
     gg_retry_after_fork();
 }
+#endif

@@ -89,7 +89,9 @@ bool gg_retry_stale(uint64_t now_ns, uint64_t max_ns, struct gg_episode *e);
 
 /* A forked child: no episode of its parent's threads is its own. */
 void gg_retry_after_fork(void);
+#ifdef GG_TESTING
 /* Start again (unit tests). */
 void gg_retry_reset(void);
+#endif
 
 #endif /* GG_RETRY_H */

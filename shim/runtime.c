@@ -61,10 +61,12 @@ static void pin(void *fn)
         dlclose(h); /* already held (or no room to remember it: then not pinned twice) */
 }
 
+#ifdef GG_TESTING
 int gg_runtime_pinned(void)
 {
     return atomic_load_explicit(&npinned, memory_order_acquire);
 }
+#endif
 
 /* ---- finding a function --------------------------------------------------------- */
 

@@ -66,7 +66,9 @@ bool gg_runtime_touch(void);
  * cudaErrorMemoryAllocation (by an allocation the device cannot satisfy). */
 void gg_runtime_set_oom(enum gg_rt rt);
 
+#ifdef GG_TESTING
 /* Pinned runtime objects (tests, the summary). */
 int gg_runtime_pinned(void);
+#endif
 
 #endif /* GG_RUNTIME_H */

@@ -183,6 +183,7 @@ size_t gg_sites_native(gg_site site, const uintptr_t **ips)
     return s ? s->n_native : 0;
 }
 
+#ifdef GG_TESTING
 size_t gg_sites_python(gg_site site, const uintptr_t **pairs)
 {
     struct site *s = site_get(site);
@@ -196,6 +197,7 @@ int gg_sites_device(gg_site site)
     struct site *s = site_get(site);
     return s ? s->dev : -1;
 }
+#endif
 
 void gg_sites_charge(gg_site site, int64_t bytes, int64_t allocs)
 {
@@ -237,27 +239,19 @@ size_t gg_sites_count(void)
     return atomic_load_explicit(&nsites, memory_order_acquire);
 }
 
-size_t gg_sites_footprint(void)
-{
-    size_t n = gg_sites_count();
-    size_t chunk_bytes = ((n + SITE_CHUNK - 1) / SITE_CHUNK) * SITE_CHUNK * sizeof(struct site);
-    size_t idx = atomic_load_explicit(&index_, memory_order_relaxed)
-                     ? (size_t)INDEX_SLOTS * sizeof(uint64_t)
-                     : 0;
-    return chunk_bytes + idx + gg_arena_footprint(&frames);
-}
-
 void gg_sites_after_fork(void)
 {
     gg_spin_reset(&lock);
 }
 
+#ifdef GG_TESTING
 void gg_sites_test_limit(size_t max_sites)
 {
     if (max_sites == 0 || max_sites > SITES_CAP)
         max_sites = SITES_CAP;
     atomic_store_explicit(&limit, (uint32_t)max_sites, memory_order_relaxed);
 }
+#endif
 
 /* ---- the largest sites ------------------------------------------------------ */
 

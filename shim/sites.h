@@ -36,10 +36,12 @@ gg_site gg_sites_intern(int dev, const uintptr_t *native, size_t n_native, const
 
 /* A site's native frames / Python frame pairs; the count (0 for NONE). */
 size_t gg_sites_native(gg_site site, const uintptr_t **ips);
+#ifdef GG_TESTING
 size_t gg_sites_python(gg_site site, const uintptr_t **pairs);
 
 /* The device a site was captured on; -1 for GG_SITE_NONE. */
 int gg_sites_device(gg_site site);
+#endif
 
 /* Live accounting: add (negative: remove) bytes and allocations held
  * through a site. */
@@ -67,14 +69,13 @@ bool gg_sites_set_note(gg_site site, void *note);
 /* Distinct sites stored. */
 size_t gg_sites_count(void);
 
-/* Bytes the table occupies. */
-size_t gg_sites_footprint(void);
-
 /* The insertion lock, for the fork story (life.c). */
 void gg_sites_after_fork(void);
 
+#ifdef GG_TESTING
 /* For tests: the most sites the table will hold (0: the built-in bound).
  * Not for use while other threads intern. */
 void gg_sites_test_limit(size_t max_sites);
+#endif
 
 #endif /* GG_SITES_H */

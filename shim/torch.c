@@ -125,10 +125,12 @@ void gg_torch_detach(void)
     atomic_store(&callback, NULL);
 }
 
+#ifdef GG_TESTING
 bool gg_torch_attached(void)
 {
     return atomic_load_explicit(&callback, memory_order_relaxed) != NULL;
 }
+#endif
 
 void gg_torch_incident(int dev, int incident, uint64_t bytes, bool ask)
 {
@@ -460,6 +462,7 @@ void gg_torch_answer(const struct gpuguard_torch_view *v)
     atomic_store_explicit(&last_largest1[v->dev], v->largest_free + 1, memory_order_relaxed);
 }
 
+#ifdef GG_TESTING
 void gg_torch_reset(void)
 {
     for (int i = 0; i < GG_MAX_DEVICES; i++) {
@@ -483,3 +486,4 @@ void gg_torch_reset(void)
     gg_spin_reset(&issued_lock);
     memset(issued, 0, sizeof issued);
 }
+#endif

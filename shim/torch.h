@@ -47,7 +47,9 @@ void gg_torch_raise(void *exc);
 bool gg_torch_attach(gpuguard_torch_fn fn);
 /* No call from now on: before the interpreter finalizes (Python's atexit). */
 void gg_torch_detach(void);
+#ifdef GG_TESTING
 bool gg_torch_attached(void);
+#endif
 
 /* An incident (enum gg_incident) of `bytes` on device dev; ask: PyTorch's
  * view is wanted (else only noted: which kind of failure the observer's
@@ -82,7 +84,9 @@ void gg_torch_answer(const struct gpuguard_torch_view *v);
  * changes, one callback each. Exposed for the unit test. */
 int gg_torch_pending(void *arg);
 
+#ifdef GG_TESTING
 /* Start again (unit tests). */
 void gg_torch_reset(void);
+#endif
 
 #endif /* GG_TORCH_H */

@@ -102,6 +102,7 @@ static GG_COLD void self_find(void)
     self_publish(ss.lo, ss.hi, ss.n, false);
 }
 
+#ifdef GG_TESTING
 void gg_unwind_test_self(const uintptr_t *lo, const uintptr_t *hi, size_t n)
 {
     if (!lo || !hi) {
@@ -112,6 +113,7 @@ void gg_unwind_test_self(const uintptr_t *lo, const uintptr_t *hi, size_t n)
         n = SELF_RANGES;
     self_publish(lo, hi, (int)n, true);
 }
+#endif
 
 static inline bool in_self(uintptr_t ip)
 {

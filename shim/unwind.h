@@ -32,9 +32,11 @@ void gg_unwind_warmup(void);
  * every frame of the shim. 0 when nothing could be taken. */
 size_t gg_unwind_capture(uintptr_t *ips, size_t depth, uintptr_t from);
 
+#ifdef GG_TESTING
 /* For tests: the code ranges whose leading frames a capture drops (default:
  * the executable segments of the object holding unwind.c; lo == NULL goes
  * back to it). Not for use while other threads capture. */
 void gg_unwind_test_self(const uintptr_t *lo, const uintptr_t *hi, size_t n);
+#endif
 
 #endif /* GG_UNWIND_H */

@@ -280,6 +280,7 @@ const char *gg_mode_name(enum gg_mode m)
     return gg_value_word_name(&gg_vocab_mode, (int)m);
 }
 
+#ifdef GG_TESTING
 const char *gg_enforce_name(enum gg_enforce e)
 {
     return gg_value_word_name(&gg_vocab_enforce, (int)e);
@@ -289,6 +290,7 @@ const char *gg_stacks_name(enum gg_stacks s)
 {
     return gg_value_word_name(&gg_vocab_stacks, (int)s);
 }
+#endif
 
 /* ---- signals ------------------------------------------------------------------ */
 

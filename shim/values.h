@@ -46,8 +46,10 @@ enum gg_enforce { GG_ENFORCE_RUNTIME = 0, GG_ENFORCE_ALL = 1 };
 enum gg_stacks { GG_STACKS_OFF = 0, GG_STACKS_NEAR_MISS = 1, GG_STACKS_ALL = 2 };
 extern const struct gg_vocab gg_vocab_mode, gg_vocab_enforce, gg_vocab_stacks;
 const char *gg_mode_name(enum gg_mode m);
+#ifdef GG_TESTING
 const char *gg_enforce_name(enum gg_enforce e);
 const char *gg_stacks_name(enum gg_stacks s);
+#endif
 
 /* A signal fit for advice: "SIGUSR2", "USR2", a number, a real-time signal,
  * or "none" (0). Signals a trainer stops or crashes on are refused. */

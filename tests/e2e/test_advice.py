@@ -1,4 +1,4 @@
-"""Issue "Trainer advice": halve the batch, keep the effective batch, before
+"""Trainer advice: halve the batch, keep the effective batch, before
 the OOM; the signal only where a handler waits for it."""
 import re
 

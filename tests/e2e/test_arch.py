@@ -1,8 +1,8 @@
-"""Issue 16, "no kernel image is available": libraries built here by the real
+"""Device code against the GPU, "no kernel image is available": libraries built here by the real
 nvcc for chosen archs (tests/arch/arch.mk), judged against fake GPUs of
 compute capability 7.5 to 12.0 by gpuguard-check --arch and by the shim, for
 the static runtime (nvcc's default) and the shared one (docs/how-it-works.md).
-Issue 24: a static-runtime library dlopen'ed after the start is judged too,
+A static-runtime library dlopen'ed after the start is judged too,
 whether its runtime starts or not, and the fix is said in its user's terms
 (the wheel or package it came from, and which PyTorch to install)."""
 import os
@@ -90,7 +90,7 @@ class ArchCase(Case):
 
 
 class RuleTable(unittest.TestCase):
-    def test_the_tests_rule_says_what_the_issue_says(self):
+    def test_the_rule_on_cells_stated_by_hand(self):
         # a few cells stated by hand, so the table below is not only the rule
         self.assertTrue(runs("sm_80", (8, 6)) and runs("sm_80", (8, 9)))
         self.assertFalse(runs("sm_86", (8, 0)) or runs("sm_80", (9, 0)) or runs("sm_80", (12, 0)))

@@ -1,4 +1,4 @@
-"""Issue "Safe by default": `mode = auto` observes until a trainer registers,
+"""Safe by default: `mode = auto` observes until a trainer registers,
 then enforces; `observe` changes nothing the process sees."""
 import os
 

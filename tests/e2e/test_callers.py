@@ -1,6 +1,5 @@
-"""Issue "Every real caller": each wrong thing of "What is wrong today",
-end to end under a real LD_PRELOAD on the fake CUDA stack (each test failed
-with the shim before the issue):
+"""Every real caller, end to end under a real LD_PRELOAD on the fake CUDA
+stack:
 
   1. two runtimes in one process: each call reaches its own runtime
   2. stream-ordered pools: counted as the device sees them

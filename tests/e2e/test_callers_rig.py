@@ -1,4 +1,4 @@
-"""Issue "Every real caller", item 5: the rig behaves as CUDA does, WITHOUT the
+"""Every real caller, the rig itself: the rig behaves as CUDA does, WITHOUT the
 shim (no LD_PRELOAD but the sanitizer's), so that every case the shim must
 handle can be reproduced under a real LD_PRELOAD: stream-ordered pools that
 keep freed memory until trimmed, arrays charged what they hold, host memory

@@ -4,6 +4,7 @@ libgpuguard.so, runs without the preload (the API says "inactive"), and
 reaches the guard when the shim is preloaded."""
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -128,6 +129,10 @@ class CApiClient(Case):
         # (pkg-config puts the sysroot, here DESTDIR, before the path)
         self.assertEqual(self.pkg_config("--variable=preload"),
                          [os.path.join(self.prefix, "lib", "libgpuguard.so")])
+        # the version of the header, where it is written once
+        with open(os.path.join(ROOT, "include", "gpuguard.h")) as f:
+            version = re.search(r'#define GPUGUARD_VERSION "([^"]+)"', f.read()).group(1)
+        self.assertEqual(self.pkg_config("--modversion"), [version])
 
     def check(self, lang):
         exe = self.build(lang)

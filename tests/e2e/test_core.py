@@ -1,4 +1,4 @@
-"""Issue "Core guard": the ledger, the journal and the lifecycle, end to end
+"""The core guard: the ledger, the journal and the lifecycle, end to end
 through the fake CUDA stack under a real LD_PRELOAD."""
 import json
 import os

@@ -1,4 +1,4 @@
-"""How a process ends, in its journal and its report (issue 30): the exit
+"""How a process ends, in its journal and its report: the exit
 status it returns from main or passes to exit() is the summary's; SIGTERM
 (the default action) leaves a `killed` line and still kills the process as
 it would have; a program's own SIGTERM handler keeps the signal; a process

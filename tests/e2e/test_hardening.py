@@ -1,10 +1,9 @@
-"""Issue 17, a bad day on a cluster (classes 2-7): full disks, two lives in
+"""A bad day on a cluster: full disks, two lives in
 one pid, floods, signals, small stacks, huge sizes and slow starts.
 
 Each test runs tests/progs/harden (or script) under the shim on the fake
 GPU and asserts what a week-long job needs: every journal line whole and
-valid, nothing that fills a disk, no hang, no crash, no count lost. Each
-failed against the shim before this issue (stated per class).
+valid, nothing that fills a disk, no hang, no crash, no count lost.
 """
 import glob
 import json
@@ -55,7 +54,7 @@ class Hard(Case):
 
 
 class FullDisk(Hard):
-    """Class 2. A journal that cannot take a line (a full disk; here the file
+    """A journal that cannot take a line (a full disk; here the file
     size limit, which fails a write the same way, partway) keeps whole lines
     only; the lines lost are counted and said by the first line that fits
     again, and in the summary. Before: a torn line glued to the next."""
@@ -97,7 +96,7 @@ class FullDisk(Hard):
 
 
 class TwoLives(Hard):
-    """Class 3. The same pid twice (a process that execs itself, or the
+    """The same pid twice (a process that execs itself, or the
     same pid in an earlier container) and two copies of the shim in one
     process. Before: `cannot create journal ... File exists`, and two copies
     counted twice into two journals."""
@@ -140,7 +139,7 @@ class TwoLives(Hard):
 
 
 class Floods(Hard):
-    """Class 4. However many sites, retries or oscillations, the journal
+    """However many sites, retries or oscillations, the journal
     stays small: per site the first 8 lines then powers of two, per kind a
     burst then a steady rate, and what was left out counted. Before: 4 096
     sites wrote 4 096 near-miss lines, a retry loop two lines per refusal,
@@ -194,7 +193,7 @@ class Floods(Hard):
 
 
 class SignalsAndStacks(Hard):
-    """Class 5. exit() from a signal handler that lands on a thread inside
+    """exit() from a signal handler that lands on a thread inside
     the shim never hangs (the exit path takes no lock that thread may hold,
     and the summary says it left the stacks out); a thread with a 16 KiB
     stack survives near misses, refusals and OOMs with stacks on. Before:
@@ -238,7 +237,7 @@ class SignalsAndStacks(Hard):
 
 
 class Sizes(Hard):
-    """Class 6. Sizes that do not fit 64 bits are refused, never wrapped:
+    """Sizes that do not fit 64 bits are refused, never wrapped:
     a request near SIZE_MAX is a refusal (not an OOM of the device), and a
     pitch whose width x height overflows is journaled with the size it
     cannot have."""
@@ -258,7 +257,7 @@ class Sizes(Hard):
 
 
 class SlowStart(Hard):
-    """Class 7. A start that takes long still counts every allocation that
+    """A start that takes long still counts every allocation that
     other threads make meanwhile: a driver that answers slowly (4 GPUs, 9 s
     each: a node without persistence mode), or 16 GPUs and a policy
     directory of 40 000 files (of which the shim reads the first 4 096).

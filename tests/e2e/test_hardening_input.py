@@ -1,4 +1,4 @@
-"""Issue 17, hostile input (classes 1, 2 and 8): policy input that is not a
+"""Hostile input: policy input that is not a
 small file, strings that are not UTF-8, and the fuzz harnesses' brief run.
 
 Runs the shim as built, on the fake GPUs. A policy that is a FIFO or a
@@ -97,7 +97,7 @@ def devices(n):
     return ";".join([RTX3090] * n)
 
 
-# ---- class 1: policy input that is not a small file ----------------------------
+# ---- policy input that is not a small file -------------------------------------
 
 
 class NotAFile(HostileCase):
@@ -336,7 +336,7 @@ class LintIsLinear(HostileCase):
         self.assertLess(large, 10 * max(small, 0.02), (small, large))
 
 
-# ---- class 2: every string valid UTF-8 JSON --------------------------------------
+# ---- every string valid UTF-8 JSON ----------------------------------------------
 
 
 def raw(b):
@@ -403,7 +403,7 @@ class NotUtf8(HostileCase):
         self.assertEqual([n["text"] for n in notes], [text.decode("utf-8", "replace")])
 
 
-# ---- class 8: the fuzz harnesses, briefly --------------------------------------
+# ---- the fuzz harnesses, briefly -----------------------------------------------
 
 FUZZ = os.path.join(BUILD, "fuzz")
 FUZZ_CORPUS = os.path.join(ROOT, "tests", "fuzz", "corpus")

@@ -1,4 +1,4 @@
-"""Issue 23, the parts of PyTorch's instrumentation that need no PyTorch
+"""The parts of PyTorch's instrumentation that need no PyTorch
 (tests/torch has the rest, on real PyTorch): gpuguard's sitecustomize chains
 to the one it hides and waits for `torch`; GPUGUARD_TORCH=0, an unset one or
 GPUGUARD_MODE=off leave Python alone; a program that never imports torch
@@ -245,7 +245,7 @@ class GpuguardRun(Case):
                 self.assertNotEqual(v["GPUGUARD_TORCH"], "1")
 
     def test_nothing_of_the_source_tree_shadows_the_programs_modules(self):
-        """Issue 32, defect 5: a program's own `tests` package (or any name
+        """A program's own `tests` package (or any name
         the source tree's tools/python holds beside gpuguard) is the one it
         imports, under gpuguard-run, while gpuguard's helper is importable."""
         mine = os.path.join(self.tmp, "mine")
@@ -269,10 +269,10 @@ GDB = shutil.which("gdb")
 
 
 class Harmless(Case):
-    """Issue 32: the instrumentation harms no process it was not made for
-    and lets no one in. Defect 1: a Python 2 child of a training job, gdb
+    """The instrumentation harms no process it was not made for
+    and lets no one in: a Python 2 child of a training job, gdb
     (which embeds libpython), `python -I`/`-E` and a shell are left as they
-    would be without gpuguard; defect 2: a site directory another user could
+    would be without gpuguard; a site directory another user could
     have written is never used; review risks: a find_spec("torch") in
     another thread never makes the real import go unseen, and a module of
     the program's own called gpuguard is never replaced."""
@@ -409,7 +409,7 @@ class Harmless(Case):
         return os.path.join(lib, os.path.basename(SHIM))
 
     def test_a_site_directory_another_user_could_write_is_never_used(self):
-        """Issue 32, defect 2: with the library in a directory another user
+        """With the library in a directory another user
         can write beside it, the sitecustomize they plant never runs; the
         shim says once, when it starts, why Python is not instrumented."""
         if os.geteuid() != 0:
@@ -555,7 +555,7 @@ except TimeoutError as e:
 
 
 class Signals(Case):
-    """Issue 32, defect 4: a signal that arrives while the instrumentation
+    """A signal that arrives while the instrumentation
     reads PyTorch's view keeps its meaning. A Ctrl-C's KeyboardInterrupt, a
     SIGTERM handler's sys.exit(3), a handler's own exception reach the
     program as they do without gpuguard (its own reading of memory_stats

@@ -1,4 +1,4 @@
-"""Issue 26, end to end: the metrics file under a real LD_PRELOAD, read by the
+"""Metrics end to end: the metrics file under a real LD_PRELOAD, read by the
 real node_exporter (its textfile collector) and scraped by the real Prometheus,
 both started here on loopback with their own configuration and data in a
 temporary directory. Two ranks of one job train on the fake GPU (one whose
@@ -663,7 +663,7 @@ class Said(MetricsCase):
         return where
 
     def test_a_planted_file_at_its_name_is_never_served_as_its_own(self):
-        """Issue 32, defect 7: another user who computed the name plants the
+        """Another user who computed the name plants the
         file first, in a sticky directory others can write: the process
         cannot replace it, says so once naming it and its owner, never
         writes through it, and leaves it as it was."""
@@ -749,7 +749,7 @@ def instance_id(pid):
 
 @unittest.skipUnless(NODE_EXPORTER and PROMETHEUS, NEEDS)
 class Containers(MetricsCase):
-    """Issue 32, defect 6: containers with host networking share the host's
+    """Containers with host networking share the host's
     name and each runs its job as pid 1."""
 
     def test_one_host_name_and_pid_in_two_pid_namespaces_are_two_series(self):

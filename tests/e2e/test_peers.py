@@ -1,4 +1,4 @@
-"""Issue 32, defect 9: guarded processes of one user that share a GPU share
+"""Guarded processes of one user that share a GPU share
 one ledger per GPU (its UUID), so the limit holds for their sum. Two
 processes started in the same instant in enforce, 11 and 12 GiB against a
 21.6 GiB limit, never hold more than the limit between them (the fake

@@ -1,4 +1,4 @@
-"""Issue "Policies and headroom": INI policies per GPU model, the enforced
+"""Policies and headroom: INI policies per GPU model, the enforced
 headroom line, near misses, cudaMemGetInfo virtualization, gpuguard-check."""
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""Issue 14: the calling thread's Python frames, read without the GIL, on every
+"""The calling thread's Python frames, read without the GIL, on every
 CPython present (pyenv's and Debian's /usr/bin/python3).
 
 Each interpreter loads build/tests/pyframes/libpyprobe.so (shim/pyframes.c

@@ -1,4 +1,4 @@
-"""Issue 14, end to end: a near miss, a refusal and the peak sites name the
+"""Python stacks end to end: a near miss, a refusal and the peak sites name the
 script's file, line and function on every CPython 3.10-3.13 present, from the
 main thread and a worker thread, through the shim under a real LD_PRELOAD;
 an unsupported Python gets native frames and one error; native frames are

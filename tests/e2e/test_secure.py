@@ -1,4 +1,4 @@
-"""Issue 32, defect 3: secure-execution mode. A set-user-ID program (the
+"""Secure-execution mode. A set-user-ID program (the
 kernel's AT_SECURE) takes its environment from whoever runs it: the shim
 reads no GPUGUARD_* variable that names a file or a directory there
 (GPUGUARD_POLICY, GPUGUARD_JOURNAL_DIR, GPUGUARD_METRICS_DIR,

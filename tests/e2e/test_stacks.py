@@ -1,4 +1,4 @@
-"""Issue "Stacks": near misses, refusals, OOMs and the peak carry the native
+"""Stacks: near misses, refusals, OOMs and the peak carry the native
 call stack that caused them."""
 from gg import GiB, MiB, Case
 

@@ -1,4 +1,4 @@
-"""Issue 19, end to end: steps through the shim under a real LD_PRELOAD. A
+"""Steps end to end: steps through the shim under a real LD_PRELOAD. A
 run whose step peak grows gets its first advice from the forecast, at a
 boundary, before any near miss; a flat noisy run gets none; a run that keeps
 64 MiB a step is found leaking, with its rate, the step it reaches the limit

@@ -1,4 +1,4 @@
-"""Issue "One big step on structure": the bugs the layered shim gave a home,
+"""The layered shim: the bugs its layers gave a home,
 each reproduced end to end under a real LD_PRELOAD, and the layout's own
 checks (layers without circles, one row per hook and per setting)."""
 import os

@@ -94,7 +94,7 @@ class GoldenTraces(Case):
                         self.assertEqual(got[k], int(v), "%s: %s" % (os.path.basename(path), k))
 
     def test_growing_and_varying_inputs_replay_their_story(self):
-        """Issue 30's traces: each step's input and need (the instrumentation's
+        """Growing and long-tailed inputs: each step's input and need (the instrumentation's
         shape and needed lines) replayed give the shim the same story: the
         growing run's flushes step after step, then the failure that reached
         the program; the long batch forecast by its tokens before it

@@ -26,11 +26,11 @@ $(PYF_DIR) $(ELFSYM_DIR):
 
 $(PYF_DIR)/libpyprobe.so: tests/pyframes/pyprobe.c shim/pyframes.c shim/prim.c shim/pyframes.h \
                           shim/prim.h | $(PYF_DIR)
-	$(CC) $(CFLAGS) -fvisibility=hidden -shared -Ishim $(filter %.c,$^) -o $@ $(LDFLAGS) -ldl
+	$(CC) $(CFLAGS) -fvisibility=hidden -shared -DGG_TESTING -Ishim $(filter %.c,$^) -o $@ $(LDFLAGS) -ldl
 
 $(PYF_DIR)/embed: tests/pyframes/embed.c shim/pyframes.c shim/prim.c shim/pyframes.h shim/prim.h \
                   | $(PYF_DIR)
-	$(CC) $(CFLAGS) -Ishim $(filter %.c,$^) -o $@ $(LDFLAGS) -ldl -lpthread
+	$(CC) $(CFLAGS) -DGG_TESTING -Ishim $(filter %.c,$^) -o $@ $(LDFLAGS) -ldl -lpthread
 
 $(ELFSYM_DIR)/libsym.so: tests/elfsym/symlib.c | $(ELFSYM_DIR)
 	$(CC) $(SYMLIB_FLAGS) $< -o $@

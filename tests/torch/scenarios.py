@@ -41,7 +41,7 @@ SCENARIOS = {
     # 1152 MiB: at 500 MiB the helper must split before step 6.
     "helper-grow": dict(script="helper_train.py", args=["--steps", "8"], conf="",
                         policy=enforce(500 * MiB, near_miss="16 MiB", mode="auto")),
-    # Issue 30's workloads, through gpuguard-run (its instrumentation tells
+    # The workloads users run, through gpuguard-run (its instrumentation tells
     # each step's input and need: `shape` and `needed` lines): a sequence
     # that grows 128 tokens a step until a step no longer fits under 2 GiB
     # (PyTorch's cache flushes and retries first), and long-tailed document

@@ -1,4 +1,4 @@
-"""Issue 23 on real PyTorch 2.6: unmodified scripts (no `import gpuguard`)
+"""The instrumentation on real PyTorch 2.6: unmodified scripts (no `import gpuguard`)
 run through gpuguard-run, which instruments Python. A growing run gets a
 forecast and its step's tensors by line; steps come from the optimizer hook
 (and from the helper alone when it is in use); an OOM in backward gets the

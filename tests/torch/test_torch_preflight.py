@@ -1,4 +1,4 @@
-"""gpuguard-preflight on real PyTorch (issue 35): will it fit, answered with
+"""gpuguard-preflight on real PyTorch: will it fit, answered with
 no GPU, no driver and no network, with the user's own unmodified script.
 
 The rig stands in for a GPU-less machine with PyTorch's CUDA build: gpuguard

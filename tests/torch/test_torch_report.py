@@ -1,4 +1,4 @@
-"""Issue 23's answers as the user reads them: gpuguard-report on the journals
+"""The answers in PyTorch's terms as the user reads them: gpuguard-report on the journals
 of unmodified scripts run through gpuguard-run on real PyTorch 2.6. An OOM in
 backward is named by its autograd node and its `.backward()` line, with what
 held the memory by line and whether it was fragmentation; a run that keeps

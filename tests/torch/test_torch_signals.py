@@ -1,4 +1,4 @@
-"""Issue 32 on real PyTorch 2.6: a signal that arrives while gpuguard-run's
+"""Signals on real PyTorch 2.6: a signal that arrives while gpuguard-run's
 instrumentation reads PyTorch's view (at a step's first near miss) keeps its
 meaning. A Ctrl-C's KeyboardInterrupt, and a SIGTERM handler's sys.exit(3),
 stop the training at the step they arrive in, as they do without gpuguard

@@ -1,4 +1,4 @@
-"""Issue 30 on real PyTorch 2.6: the workloads users run, as unmodified scripts
+"""The workloads users run, on real PyTorch 2.6, as unmodified scripts
 (no `import gpuguard`) under gpuguard-run with the shipped policies, read as
 a user reads the report. A sequence that grows (the default allocator, and
 expandable segments): the failure that ended the run leads, its cache

@@ -9,7 +9,7 @@
 #include <sys/prctl.h>
 
 #include "backward.h"
-#include "budget.h"
+#include "events.h"
 #include "journal.h"
 #include "torch.h"
 #include "unit.h"
@@ -76,10 +76,10 @@ static void test_the_running_call_is_written_before_an_incident(void)
     gg_backward_flush(); /* once */
     CHECK_EQ_U64(count_of("\"count\":41}"), before + 1);
     /* a kept call superseded by a written one is left out for good, and counted so */
-    uint64_t left = gg_budget_suppressed(GG_LINE_BACKWARD);
+    uint64_t left = gg_events_left_out(GG_EVENT_backward);
     gg_backward_call(train, 2, "MainThread"); /* 42: kept */
     gg_backward_call(eval, 2, "MainThread");  /* eval's 2nd: written */
-    CHECK_EQ_U64(gg_budget_suppressed(GG_LINE_BACKWARD), left + 1);
+    CHECK_EQ_U64(gg_events_left_out(GG_EVENT_backward), left + 1);
     gg_backward_flush();
     CHECK_EQ_U64(count_of("\"count\":42}"), 0);
 }

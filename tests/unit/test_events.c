@@ -153,6 +153,29 @@ static void test_batch_and_summary(void)
     CHECK(t[strlen(t) - 1] == '\n');
 }
 
+/* Each event's lines are written under its own row's budget (events.def):
+ * note, LIMIT(256, 60): its burst, then the rest counted and said in a
+ * suppressed line; start, ALWAYS: never limited. */
+static void test_budgets_are_the_rows(void)
+{
+    uint64_t before = gg_events_left_out(GG_EVENT_note);
+    for (int i = 0; i < 1000; i++)
+        gg_events_note("flood");
+    uint64_t left = gg_events_left_out(GG_EVENT_note) - before;
+    CHECK(left >= 1000 - 258 - 1 && left <= 1000 - 256); /* the test's earlier note: 1 */
+    uint64_t base[GG_EVENTS] = {0};
+    CHECK(gg_events_suppressed(base));
+    char want[64];
+    snprintf(want, sizeof want, "\"note\":%llu},\"total\":",
+             (unsigned long long)gg_events_left_out(GG_EVENT_note));
+    const char *l = line_of("suppressed");
+    CHECK(l && strstr(l, want));
+    CHECK(!gg_events_suppressed(base)); /* nothing new since */
+    for (int i = 0; i < 1000; i++)
+        gg_events_start("trainer", "host1", 0);
+    CHECK_EQ_U64(gg_events_left_out(GG_EVENT_start), 0);
+}
+
 int main(void)
 {
     if (!unit_tmpdir(dir) || !gg_journal_open(dir, "test", -1))
@@ -161,5 +184,6 @@ int main(void)
     RUN(test_start_mode_note_error);
     RUN(test_incident_and_advice);
     RUN(test_batch_and_summary);
+    RUN(test_budgets_are_the_rows);
     return unit_done();
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""The shim's line coverage: tools/build-aux/coverage.py OBJDIR SOURCE...
+"""The shim's line coverage: tools/build-aux/coverage.py OBJDIR[:OBJDIR...] SOURCE...
 
 Reads the counters that the tests left beside the objects of a --coverage
-build (make coverage: OBJDIR is build/cov/shim) through gcov's JSON output,
+build (make coverage: build/cov/shim, the library's objects, and
+build/cov/shim-testing, the unit tests' builds of the modules with test-only
+entry points; a line run in either is run) through gcov's JSON output,
 and prints a line per source file of shim/ (the .c files and the headers
 whose inline code they include, a header's line counted once however many
 objects include it: run by any of them is run) and the total:
@@ -24,11 +26,11 @@ def main():
     if len(sys.argv) < 3:
         print(__doc__.strip().splitlines()[0], file=sys.stderr)
         return 2
-    objdir, sources = sys.argv[1], sys.argv[2:]
+    objdirs, sources = sys.argv[1].split(":"), sys.argv[2:]
     root = os.getcwd()
     lines = {}  # file -> {line: executed}
     found = 0
-    for src in sources:
+    for objdir, src in ((o, s) for s in sources for o in objdirs):
         obj = os.path.join(objdir, os.path.splitext(os.path.basename(src))[0])
         if not os.path.exists(obj + ".gcda"):
             # never run by any test: its lines count as not executed
@@ -45,7 +47,7 @@ def main():
             continue
         merge(lines, proc.stdout, root)
     if not found:
-        print("coverage: no counters in %s (did the tests run?)" % objdir, file=sys.stderr)
+        print("coverage: no counters in %s (did the tests run?)" % sys.argv[1], file=sys.stderr)
         return 1
     total = run = 0
     width = max(len(f) for f in lines) if lines else 10

@@ -5,8 +5,8 @@
   journal_doc.py --check    exit 1 (and say where) when it is not what events.def makes
 
 The page's prose is written by hand; the part between the two markers below is
-this program's: the events with their line budgets (read from shim/budget.c's
-table) and every event's fields. parse() is also what the schema test reads
+this program's: the events with their line budgets (each event's row) and
+every event's fields. parse() is also what the schema test reads
 events.def with.
 """
 import argparse
@@ -16,7 +16,6 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EVENTS_DEF = os.path.join(ROOT, "shim", "events.def")
-BUDGET_C = os.path.join(ROOT, "shim", "budget.c")
 JOURNAL_MD = os.path.join(ROOT, "docs", "journal.md")
 BEGIN = "<!-- made from shim/events.def by tools/build-aux/journal_doc.py: edit those, not this -->"
 END = "<!-- end of what journal_doc.py makes -->"
@@ -84,6 +83,9 @@ def parse(path=EVENTS_DEF):
         if len(args) != want:
             raise SchemaError(f"{where}: {kind} takes {want} arguments, has {len(args)}")
         if kind == "EVENT":
+            if args[1] != "ALWAYS" and not re.fullmatch(r"LIMIT\(\d+,\s*[1-9]\d*\)", args[1]):
+                raise SchemaError(f"{where}: budget is ALWAYS or LIMIT(burst, per_min), "
+                                  f"not {args[1]}")
             events.append({"ev": args[0], "budget": args[1], "fields": args[2],
                            "meaning": c_string(args[3], where), "line": where})
         elif kind == "PART":
@@ -108,19 +110,21 @@ def parse(path=EVENTS_DEF):
     return {"events": events, "parts": parts, "fields": fields}
 
 
-def budgets(path=BUDGET_C):
-    """budget.c's table: kind -> (burst, lines a minute)."""
-    with open(path) as f:
-        rows = re.findall(r'\[GG_LINE_(\w+)\]\s*=\s*\{"\w+",\s*(\d+),\s*(\d+)\}', f.read())
-    return {k: (int(b), int(m)) for k, b, m in rows}
+def budgets(path=EVENTS_DEF):
+    """The line budgets of events.def: event -> (burst, lines a minute), for
+    the events that are limited."""
+    out = {}
+    for e in parse(path)["events"]:
+        m = re.fullmatch(r"LIMIT\((\d+),\s*(\d+)\)", e["budget"])
+        if m:
+            out[e["ev"]] = (int(m.group(1)), int(m.group(2)))
+    return out
 
 
-def budget_text(kind, table):
-    if kind == "ALWAYS":
+def budget_text(ev, table):
+    if ev not in table:
         return "never limited"
-    if kind not in table:
-        raise SchemaError(f"{BUDGET_C}: no budget for the kind {kind}")
-    burst, per_min = table[kind]
+    burst, per_min = table[ev]
     if per_min % 60 == 0:
         n = per_min // 60
         rate = f"{'one' if n == 1 else n} a second"
@@ -138,7 +142,7 @@ def render(schema, table):
            "| `ev` | what it says | lines written |", "|---|---|---|"]
     for e in schema["events"]:
         out.append(f"| [`{e['ev']}`](#{e['fields']}) | {md(e['meaning'])} | "
-                   f"{budget_text(e['budget'], table)} |")
+                   f"{budget_text(e['ev'], table)} |")
     out += ["", "## Fields", "",
             "Every line also has `t` (seconds since the shim started; for a `sample`, the "
             "moment the value moved) and `ev`. *Report*: whether `gpuguard-report` reads "

@@ -3,7 +3,7 @@ fields and their order of shim/events.c (start, mode, sample,
 near_miss/refused/oom with pystack and, for a thread without Python frames,
 thread; advice, batch, arch, summary with peak_pystack), and of
 docs/journal.md for step, leak and advice's forecast; `torch` and `backward`
-as issue 23's contract has them. RIG_* are native stacks as the real-PyTorch
+as docs/journal.md has them. RIG_* are native stacks as the real-PyTorch
 rig's journals have them (Debian's PyTorch 2.6, tests/torch/scripts/backward.py
 under the shim)."""
 import json
@@ -174,7 +174,7 @@ class Process(object):
 
     def incident(self, kind, t, dev, nbytes, used, api="cudaMalloc", count=None,
                  stack=ALLOC_STACK, pystack=ALLOC_PYSTACK, thread=None, **moment):
-        """moment: issue 30's fields of the incident's own moment (reserved,
+        """moment: the fields of the incident's own moment (reserved,
         step, shape, tokens; for a failure recovered, retried, freed,
         freed_largest)."""
         d = self.devices[dev]
@@ -200,8 +200,8 @@ class Process(object):
     def torch(self, t, dev, why, step=None, reserved=None, allocated=None, unallocated=None,
               largest_free=None, inactive_split=0, request=None, fits=None, segments=None,
               tensors=None, raised=None, asked=None, kept=None):
-        """PyTorch's caching allocator at a moment that mattered (issue 23's
-        contract; issue 30's raised, asked and kept); tensors: [(bytes,
+        """PyTorch's caching allocator at a moment that mattered (docs/journal.md's
+        `torch`, with raised, asked and kept); tensors: [(bytes,
         count, pystack, op)] or None (history off: no `tensors` key)."""
         e = {"t": t, "ev": "torch", "dev": dev, "why": why, "step": step, "reserved": reserved,
              "allocated": allocated, "unallocated": unallocated, "largest_free": largest_free,
@@ -219,7 +219,7 @@ class Process(object):
         self.events.append(e)
 
     def backward(self, t, pystack, step=None, thread="MainThread", count=1):
-        """Where .backward() was called (issue 23's contract)."""
+        """Where .backward() was called (docs/journal.md's `backward`)."""
         self.events.append({"t": t, "ev": "backward", "thread": thread, "pystack": pystack,
                             "step": step, "count": count})
 
@@ -227,7 +227,7 @@ class Process(object):
         self.events.append({"t": t, "ev": "note", "text": text})
 
     def step(self, t, step, dev, peak, peak_used, live, **inputs):
-        """inputs: issue 30's fields of the step's input and need (shape,
+        """inputs: the fields of the step's input and need (shape,
         tokens, batch, needed, flushes)."""
         self.peak[dev] = max(self.peak.get(dev, 0), peak)
         self.peak_used[dev] = max(self.peak_used.get(dev, 0), peak_used)

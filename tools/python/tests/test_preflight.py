@@ -161,7 +161,7 @@ class LargestBatch(unittest.TestCase):
         self.assertEqual(a.max_batch, 8)
         self.assertIn("two values", a.max_batch_why)
 
-    def test_the_json_is_the_issues(self):
+    def test_the_json_has_its_keys_and_no_other(self):
         a = self.answer([(4, 5 * GiB), (8, 9 * GiB)])
         a.settle_batches(final=True)
         self.assertEqual(sorted(a.json()), sorted([

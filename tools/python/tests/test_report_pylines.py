@@ -1,4 +1,4 @@
-"""gpuguard-report by Python line (issue 14, item 4), on hand-written
+"""gpuguard-report by Python line, on hand-written
 journals in the shim's shape: near misses grouped by their Python line and
 then by stack, the peak tree led by the Python line with the native frames
 below, stacks without Python frames named by their thread, and the HTML

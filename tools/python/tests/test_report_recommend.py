@@ -180,7 +180,7 @@ def squared(b, step):
 
 
 class FinishedRun(Base):
-    """Issue 30: a run that finished (at batch 2, advised down from 4 and
+    """A run that finished (at batch 2, advised down from 4 and
     8 as its sequence grew) whose step peaks are the cache's, near the
     limit whatever the batch: --recommend proposes a batch the run
     survived and says why no larger one, never a fit that calls a batch
@@ -230,10 +230,11 @@ class FinishedRun(Base):
 
 
 class GrowingRun(Base):
-    """Issue of first contact: on the demo's journal --recommend proposed
-    batch 16 x 2 although the same run had to leave 16 for 8 at step 19: a
-    fit on batch alone, of a run that also grows every step, without its
-    first phase (no batch event before the first allocation)."""
+    """A run that grows as it halves its batch: on the demo's journal
+    --recommend once proposed batch 16 x 2 although the same run had to
+    leave 16 for 8 at step 19: a fit on batch alone, of a run that also
+    grows every step, without its first phase (no batch event before the
+    first allocation)."""
 
     PHASES = [(32, 1, 8), (16, 2, 19), (8, 4, 28)]
 

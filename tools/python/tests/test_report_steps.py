@@ -1,4 +1,4 @@
-"""gpuguard-report on the events of issues 16 and 19, from synthetic
+"""gpuguard-report on mode, arch, step and leak events, from synthetic
 journals in the schema of docs/journal.md: `mode` switches and `arch` verdicts in their
 places; `step` lines (bounded whatever their number, trends, the step rate),
 `leak` and forecast advice first in the verdict and drawn in the HTML; the

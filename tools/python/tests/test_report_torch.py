@@ -1,4 +1,4 @@
-"""gpuguard-report in PyTorch's terms (issue 23, items 5-7), on journals in
+"""gpuguard-report in PyTorch's terms, on journals in
 the shim's shape with native stacks from the real-PyTorch rig (shimlike.RIG_*)
 and the `torch` and `backward` lines of the contract: native and Python
 frames merged in call order, PyTorch's allocator, dispatcher and interpreter

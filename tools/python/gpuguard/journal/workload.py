@@ -123,10 +123,3 @@ class Workload(object):
 
     def recovered(self):
         return [f for f in self.failures() if f["recovered"] is True]
-
-    def last_raised(self):
-        """The last failure the program saw (not recovered), or None."""
-        for f in reversed(self.failures()):
-            if f["recovered"] is not True:
-                return f
-        return None

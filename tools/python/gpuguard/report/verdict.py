@@ -24,23 +24,6 @@ def aligned(journals):
     return bool(journals) and all(j.wall is not None for j in journals)
 
 
-def first_failure(journals):
-    """(journal, device, event) of the first refusal or OOM of all the
-    journals, by wall clock when every journal has it."""
-    wall = aligned(journals)
-    best, best_key = None, None
-    for j in journals:
-        for d in j.devices.values():
-            for kind in FAILURES:
-                e = d.events[kind].first
-                if e is None:
-                    continue
-                key = ((j.wall if wall else 0.0) + e["t"], j.sort_key())
-                if best_key is None or key < best_key:
-                    best, best_key = (j, d, e), key
-    return best
-
-
 def died_of_failure(j):
     """Did the process die of an out-of-memory error it was handed (its
     instrumentation saw it uncaught)?"""
