@@ -61,7 +61,7 @@ INTERPOSER := hook_runtime hook_driver lookup api trampoline
 CORE_OBJ  := $(filter-out $(patsubst %,$(BUILD)/shim/%.o,$(INTERPOSER)),$(SHIM_OBJ))
 CORE_LIB  := $(BUILD)/libggcore.a
 
-.PHONY: all deps deps-build docs check test test-unit test-e2e test-tsan test-gpu demo bench fuzz install \
+.PHONY: all deps deps-build docs check test unchanged test-unit test-e2e test-tsan test-gpu demo bench fuzz install \
         clean check-deps torch-rig test-torch torch-traces timings coverage coverage-build
 all: check-deps $(SHIM_LIB) $(BUILD)/gpuguard-check
 
@@ -134,6 +134,13 @@ check: deps
 test: deps
 	@$(MAKE) --no-print-directory $(SUBJOBS) $(TEST_DEPS)
 	@$(RUN_TESTS) $(RUNFLAGS)
+
+# A refactoring's proof (docs/testing.md): the same runs with the shim of
+# BASE (default main, built once in build/unchanged) and of this tree leave
+# the same journals, shim lines and reports. RUNFLAGS: -k NAME, -j N.
+BASE ?= main
+unchanged: deps
+	@$(PYTHON) tests/unchanged/unchanged.py --base $(BASE) $(RUNFLAGS)
 
 # Every test, and tests/slow.txt written again from their times.
 timings: deps
