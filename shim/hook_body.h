@@ -1,5 +1,15 @@
-/* hook_body.h - layer 6: the one body of every hook that allocates or frees,
+/* hook_body.h - layer 6: the steps of every hook that allocates or frees,
  * for the runtime's hooks (hook_runtime.c) and the driver's (hook_driver.c).
+ *
+ * Each body (one per shape, hook_shapes.def) makes its real call itself,
+ * between the steps, and returns where it can be seen. An allocation:
+ *     if (!gg_hook_begin(&c, ...))          not the guard's to count:
+ *         return real(...);                 the real call alone
+ *     if (!gg_guard_admit(&c, &v))          the guard said no:
+ *         return gg_hook_refuse(...);       the allocator's own OOM
+ *     r = real(...);
+ *     return gg_hook_end(&c, &v, r, key);   the guard told what it made
+ * A free: gg_hook_free_begin(), the real free, gg_hook_free_done().
  *
  * A hook describes its call (the device, the API, the module that asked),
  * asks the guard before the real call and tells it after; a free makes the
@@ -124,114 +134,76 @@ static GG_COLD void gg_hook_unknown_free(int side, uintptr_t key)
                         "(said once, counted in the summary)", (void *)key);
 }
 
-/* The real free of key returned r; `report`: a free of memory the shim
- * never saw is said (the runtime's side). */
-static inline int gg_hook_free_end(int side, enum gg_hook h, uintptr_t key, bool known,
-                                   bool report, const struct gg_entry *e, uint32_t ticket,
-                                   const struct gg_verdict *v, int r)
+/* A stream-ordered request is charged to the device of the pool that
+ * serves it and judged by how much that pool must grow (gg_guard_pool); a
+ * host pool's passes by, known but never counted: its real call returned
+ * r (key: what it made). */
+static inline int gg_hook_host_end(int r, uintptr_t key)
 {
-    if (r != GG_OK && gg_tracing())
-        gg_trace_failed("free", gg_hooks[h].journal, key, r);
-    if (!known) {
-        if (report && r == GG_OK)
-            gg_hook_unknown_free(side, key);
-    } else if (r != GG_OK) {
-        gg_guard_unrelease(e, ticket);
-    } else if (gg_unlikely(gg_verdict_any(v))) {
-        gg_react_free(v);
-    }
+    if (r == GG_OK && key)
+        gg_guard_host_allocated(key);
     gg_leave();
     return r;
 }
 
-/* The guard's decision on a described call c, then the real call `CALL`
- * and what it made: `KEY` (read after the call). P: the caller's pointer a
- * refusal clears (NULL: none). */
-#define GG_HOOK_ADMIT(side, c, P, CALL, KEY)                              \
-    do {                                                                  \
-        struct gg_verdict v_;                                             \
-        if (!gg_guard_admit(&(c), &v_))                                   \
-            return gg_hook_refuse(side, &(c), &v_, (void **)(P));         \
-        int r_ = (int)(CALL);                                             \
-        return gg_hook_end(&(c), &v_, r_, r_ == GG_OK ? (KEY) : 0);       \
-    } while (0)
+/* Pitched memory is judged by what was asked (w x hgt; a product that
+ * overflows cannot be had: the guard refuses or the call fails) ... */
+static inline uint64_t gg_hook_pitch_bytes(uint64_t w, uint64_t hgt)
+{
+    uint64_t bytes;
+    return __builtin_mul_overflow(w, hgt, &bytes) ? UINT64_MAX : bytes;
+}
 
-/* An allocation of `bytes` on dev (-1: the side's current one). */
-#define GG_HOOK_ALLOC(side, h, ra, bytes, dev, refusable, P, CALL, KEY)   \
-    do {                                                                  \
-        struct gg_call c_;                                                \
-        if (!gg_hook_begin(&c_, side, h, ra, bytes, dev, refusable))      \
-            return CALL;                                                  \
-        GG_HOOK_ADMIT(side, c_, P, CALL, KEY);                            \
-    } while (0)
+/* ... and counted by what the device gave (pitch x hgt), once it said. */
+static inline void gg_hook_pitched(struct gg_call *c, uint64_t pitch, uint64_t hgt)
+{
+    uint64_t bytes;
+    if (!__builtin_mul_overflow(pitch, hgt, &bytes))
+        c->bytes = bytes;
+}
 
-/* A stream-ordered request: charged to the device of the pool that serves
- * it (POOL; 0: the current pool of DEV's device), judged by how much that
- * pool must grow; a host pool's passes by, known but never counted.
- * trust: the shim sees every change of a device's current pool. */
-#define GG_HOOK_POOL(side, h, ra, n, POOL, DEV, trust, P, CALL, KEYP)                     \
-    do {                                                                              \
-        struct gg_call c_;                                                            \
-        if (!gg_hook_begin(&c_, side, h, ra, n, DEV, GG_REFUSABLE))                   \
-            return CALL;                                                              \
-        if (!gg_guard_pool(&c_, POOL, c_.dev, trust)) {                               \
-            int r_ = (int)(CALL);                                                     \
-            if (r_ == GG_OK && (KEYP))                                                \
-                gg_guard_host_allocated((uintptr_t) * (KEYP));                        \
-            gg_leave();                                                               \
-            return r_;                                                                \
-        }                                                                             \
-        GG_HOOK_ADMIT(side, c_, P, CALL, (KEYP) ? (uintptr_t) * (KEYP) : 0);          \
-    } while (0)
+/* A free, between its two steps. */
+struct gg_hook_free {
+    uintptr_t key;
+    bool known; /* the guard counted it */
+    uint32_t ticket;
+    struct gg_entry e;
+    struct gg_verdict v;
+};
 
-/* Pitched memory: judged by what was asked (w x hgt), counted by what the
- * device gave (pitch x hgt). P: the caller's pointer (its new key), PITCH:
- * where the pitch comes back, CLEAR: what a refusal clears (NULL: none). */
-#define GG_HOOK_PITCH(side, h, ra, w, hgt, P, PITCH, CLEAR, CALL)                         \
-    do {                                                                              \
-        uint64_t bytes_;                                                              \
-        if (__builtin_mul_overflow((uint64_t)(w), (uint64_t)(hgt), &bytes_))          \
-            bytes_ = UINT64_MAX; /* cannot be had: the guard refuses or the call fails */ \
-        struct gg_call c_;                                                            \
-        struct gg_verdict v_;                                                         \
-        if (!gg_hook_begin(&c_, side, h, ra, bytes_, -1, GG_REFUSABLE))               \
-            return CALL;                                                              \
-        if (!gg_guard_admit(&c_, &v_))                                                \
-            return gg_hook_refuse(side, &c_, &v_, (void **)(CLEAR));                  \
-        int r_ = (int)(CALL);                                                         \
-        if (r_ == GG_OK && (PITCH) &&                                                 \
-            !__builtin_mul_overflow((uint64_t) * (PITCH), (uint64_t)(hgt), &bytes_))  \
-            c_.bytes = bytes_; /* what the device really gave */                      \
-        return gg_hook_end(&c_, &v_, r_, r_ == GG_OK && (P) ? (uintptr_t) * (P) : 0); \
-    } while (0)
+/* A free of key (0: nothing to free): false when not the guard's to count
+ * (the real free alone, returned); else the guard forgets it first (the
+ * address may be handed out again the moment the real free returns) and
+ * the trace says so, before the real free. */
+static inline bool gg_hook_free_begin(struct gg_hook_free *f, int side, enum gg_hook h,
+                                      uintptr_t key)
+{
+    if (!key || !gg_hook_enter(side))
+        return false;
+    f->key = key;
+    f->known = gg_guard_release(key, &f->e, &f->ticket, &f->v);
+    if (gg_tracing())
+        gg_trace_free(gg_hooks[h].journal, key);
+    return true;
+}
 
-/* An array: the bytes its extent and element size hold (arrays.h); one the
- * side will reject passes through uncounted, its error the side's. */
-#define GG_HOOK_ARRAY(side, h, ra, W, H, D, ELEM, FLAGS, LEVELS, P, CALL, KEYP)           \
-    do {                                                                              \
-        uint64_t bytes_;                                                              \
-        if (!gg_array_bytes(W, H, D, ELEM, FLAGS, LEVELS, &bytes_))                   \
-            return CALL;                                                              \
-        GG_HOOK_ALLOC(side, h, ra, bytes_, -1, GG_REFUSABLE, P, CALL,                 \
-                      (KEYP) ? (uintptr_t) * (KEYP) : 0);                             \
-    } while (0)
-
-/* A free of key `KEY` (0: nothing to free) whose real call is `CALL`;
- * `report`: a free of memory the shim never saw is said. Traced before the
- * real free, as the guard forgets before it. */
-#define GG_HOOK_FREE(side, h, KEY, report, CALL)                                          \
-    do {                                                                              \
-        uintptr_t k_ = (uintptr_t)(KEY);                                              \
-        if (!k_ || !gg_hook_enter(side))                                              \
-            return CALL;                                                              \
-        struct gg_entry e_;                                                           \
-        struct gg_verdict v_;                                                         \
-        uint32_t ticket_;                                                             \
-        bool known_ = gg_guard_release(k_, &e_, &ticket_, &v_);                       \
-        if (gg_tracing())                                                             \
-            gg_trace_free(gg_hooks[h].journal, k_);                                   \
-        return gg_hook_free_end(side, h, k_, known_, report, &e_, ticket_, &v_,       \
-                                (int)(CALL));                                         \
-    } while (0)
+/* The real free returned r; `report`: a free of memory the shim never saw
+ * is said (the runtime's side). */
+static inline int gg_hook_free_done(const struct gg_hook_free *f, int side, enum gg_hook h,
+                                    bool report, int r)
+{
+    if (r != GG_OK && gg_tracing())
+        gg_trace_failed("free", gg_hooks[h].journal, f->key, r);
+    if (!f->known) {
+        if (report && r == GG_OK)
+            gg_hook_unknown_free(side, f->key);
+    } else if (r != GG_OK) {
+        gg_guard_unrelease(&f->e, f->ticket);
+    } else if (gg_unlikely(gg_verdict_any(&f->v))) {
+        gg_react_free(&f->v);
+    }
+    gg_leave();
+    return r;
+}
 
 #endif /* GG_HOOK_BODY_H */
