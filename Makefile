@@ -50,15 +50,22 @@ DEP_LIBS   := $(shell pkg-config --libs inih 2>/dev/null)
 LDFLAGS   := $(SANFLAGS)
 
 # The shim: hidden by default; only the runtime hooks (gpuguard.map), dlsym
-# and the gpuguard_* API export. Its modules sit in layers (shim/LAYERS).
-SHIM_SRC  := $(sort $(wildcard shim/*.c))
+# and the gpuguard_* API export. Its modules sit in layers, a folder each
+# (shim/LAYERS names them, lowest first); a module includes its headers by
+# name, from any layer's folder (the layer check says which it may).
+SHIM_LAYERS := $(shell awk '!/^\#/ && NF { print $$2 }' shim/LAYERS)
+SHIM_INC  := $(patsubst %,-Ishim/%,$(SHIM_LAYERS))
+SHIM_HDRS := $(wildcard shim/*/*.h shim/*/*.def)
+SHIM_SRC  := $(sort $(wildcard shim/*/*.c))
 SHIM_OBJ  := $(patsubst shim/%.c,$(BUILD)/shim/%.o,$(SHIM_SRC))
+# The sources of modules named by their module: $(call shim_src,prim json)
+shim_src   = $(foreach m,$(1),$(wildcard shim/*/$(m).c))
 SHIM_LIB  := $(BUILD)/libgpuguard.so
 SHIM_MAP  := shim/gpuguard.map
 # The interposer: what exports CUDA names or overrides dlsym (layer 6, and
 # the trampoline). Everything else is the core, for unit tests and tools.
 INTERPOSER := hook_runtime hook_driver lookup api trampoline
-CORE_OBJ  := $(filter-out $(patsubst %,$(BUILD)/shim/%.o,$(INTERPOSER)),$(SHIM_OBJ))
+CORE_OBJ  := $(filter-out $(foreach m,$(INTERPOSER),$(filter %/$(m).o,$(SHIM_OBJ))),$(SHIM_OBJ))
 CORE_LIB  := $(BUILD)/libggcore.a
 
 .PHONY: all deps deps-build docs check test unchanged test-unit test-e2e test-tsan test-gpu demo bench fuzz install \
@@ -78,8 +85,9 @@ deps:
 deps-build:
 	@sh tools/build-aux/deps.sh install "$(CUDA_HOME)"
 
-$(BUILD)/shim/%.o: shim/%.c shim/*.h shim/*.def include/gpuguard.h | $(BUILD)/shim
-	$(CC) $(CFLAGS) $(COVFLAGS) -fvisibility=hidden -DGPUGUARD_SHIM -Iinclude $(CUDA_INC) $(DEP_CFLAGS) -c $< -o $@
+$(BUILD)/shim/%.o: shim/%.c $(SHIM_HDRS) include/gpuguard.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(COVFLAGS) -fvisibility=hidden -DGPUGUARD_SHIM -Iinclude $(SHIM_INC) $(CUDA_INC) $(DEP_CFLAGS) -c $< -o $@
 
 $(SHIM_LIB): $(SHIM_OBJ) $(SHIM_MAP) shim/LAYERS tools/build-aux/layers.py
 	$(CC) -shared -o $@ $(SHIM_OBJ) $(LDFLAGS) $(COVFLAGS) -Wl,-z,defs -Wl,-z,nodelete -Wl,--as-needed \
@@ -91,7 +99,7 @@ $(SHIM_LIB): $(SHIM_OBJ) $(SHIM_MAP) shim/LAYERS tools/build-aux/layers.py
 $(CORE_LIB): $(CORE_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/shim $(BUILD)/tests/unit $(BUILD)/tests/progs $(BUILD)/fake:
+$(BUILD)/tests/unit $(BUILD)/tests/progs $(BUILD)/fake:
 	mkdir -p $@
 
 -include sim/sim.mk
@@ -106,7 +114,7 @@ $(BUILD)/shim $(BUILD)/tests/unit $(BUILD)/tests/progs $(BUILD)/fake:
 UNIT_SRC  := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/unit/%,$(UNIT_SRC))
 $(BUILD)/tests/unit/%: tests/unit/%.c tests/unit/unit.h $(CORE_LIB) | $(BUILD)/tests/unit
-	$(CC) $(CFLAGS) -Iinclude -Ishim $(CUDA_INC) $(DEP_CFLAGS) $< $(CORE_LIB) -o $@ \
+	$(CC) $(CFLAGS) -Iinclude $(SHIM_INC) $(CUDA_INC) $(DEP_CFLAGS) $< $(CORE_LIB) -o $@ \
 	  $(LDFLAGS) $(COVFLAGS:--coverage=-lgcov) $(DEP_LIBS) -ldl -lpthread -lm
 
 # Test programs: ordinary CUDA applications, linked against the fake runtime.
@@ -155,7 +163,7 @@ coverage: deps
 	@$(MAKE) --no-print-directory $(SUBJOBS) COVERAGE=1 coverage-build
 	@find build/cov -name '*.gcda' -delete
 	@rc=0; GG_BUILD=build/cov $(PYTHON) tests/run.py --unit --e2e $(RUNFLAGS) || rc=$$?; \
-	  $(PYTHON) tools/build-aux/coverage.py build/cov/shim shim/*.c || rc=$$?; exit $$rc
+	  $(PYTHON) tools/build-aux/coverage.py build/cov/shim $(SHIM_SRC) || rc=$$?; exit $$rc
 
 coverage-build: $(TEST_DEPS)
 
@@ -204,7 +212,7 @@ bench: deps
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/torch_view.py
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/instrument.py
 
-# The generated part of docs/journal.md, from shim/events.def (a test fails
+# The generated part of docs/journal.md, from shim/core/events.def (a test fails
 # when it is not current).
 docs:
 	@$(PYTHON) tools/build-aux/journal_doc.py

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""The journal's reference, docs/journal.md, made from its schema, shim/events.def.
+"""The journal's reference, docs/journal.md, made from its schema, shim/core/events.def.
 
   journal_doc.py            rewrite the generated part of docs/journal.md
   journal_doc.py --check    exit 1 (and say where) when it is not what events.def makes
 
 The page's prose is written by hand; the part between the two markers below is
-this program's: the events with their line budgets (read from shim/budget.c's
+this program's: the events with their line budgets (read from shim/base/budget.c's
 table) and every event's fields. parse() is also what the schema test reads
 events.def with.
 """
@@ -15,10 +15,10 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EVENTS_DEF = os.path.join(ROOT, "shim", "events.def")
-BUDGET_C = os.path.join(ROOT, "shim", "budget.c")
+EVENTS_DEF = os.path.join(ROOT, "shim", "core", "events.def")
+BUDGET_C = os.path.join(ROOT, "shim", "base", "budget.c")
 JOURNAL_MD = os.path.join(ROOT, "docs", "journal.md")
-BEGIN = "<!-- made from shim/events.def by tools/build-aux/journal_doc.py: edit those, not this -->"
+BEGIN = "<!-- made from shim/core/events.def by tools/build-aux/journal_doc.py: edit those, not this -->"
 END = "<!-- end of what journal_doc.py makes -->"
 
 
@@ -189,7 +189,7 @@ def main():
         return 1
     if a.check:
         if new != page:
-            print(f"journal_doc: {os.path.relpath(JOURNAL_MD, ROOT)} is not what shim/events.def "
+            print(f"journal_doc: {os.path.relpath(JOURNAL_MD, ROOT)} is not what shim/core/events.def "
                   "makes: run tools/build-aux/journal_doc.py", file=sys.stderr)
             return 1
         return 0
