@@ -269,6 +269,34 @@ class Layout(Case):
                 self.assertFalse(macro.startswith("GG_HOOK_") and macro != "GG_HOOK_BODY_H",
                                  f"{name}: {macro}")
 
+    def test_life_lists_no_module_by_hand(self):
+        """A forked child's resets come from shim/life/modules.def, in its
+        order: life.c calls no module's after-fork itself, and every
+        after-fork a module declares has its row."""
+        with open(os.path.join(ROOT, "shim", "life", "life.c")) as f:
+            life = f.read()
+        self.assertNotRegex(life, r"\bgg_\w+_after_fork\s*\(\s*\)\s*;")
+        self.assertIn('#include "modules.def"', life)
+        with open(os.path.join(ROOT, "shim", "life", "modules.def")) as f:
+            rows = re.findall(r"^MODULE\((\w+),\s*(\w+)\)", f.read(), re.M)
+        declared, code = set(), ""
+        for layer in os.listdir(os.path.join(ROOT, "shim")):
+            folder = os.path.join(ROOT, "shim", layer)
+            if os.path.isdir(folder):
+                for name in os.listdir(folder):
+                    with open(os.path.join(folder, name)) as f:
+                        text = f.read()
+                    if name.endswith(".h"):
+                        declared |= set(re.findall(r"\bvoid (gg_\w+_after_fork)\(void\);", text))
+                    elif name.endswith(".c"):
+                        code += text
+        self.assertGreater(len(declared), 10)
+        in_table = {fn for _m, fn in rows}
+        self.assertLessEqual(in_table - {"gg_journal_drop"}, declared)
+        for fn in sorted(declared - in_table):  # a module's own part of another's reset
+            self.assertRegex(code, r"\n\s+%s\(\);" % fn, f"{fn} is never called")
+        self.assertEqual(rows[-1], ("journal", "gg_journal_drop"))
+
     def test_the_fakes_export_every_hook(self):
         rows = []
         with open(os.path.join(ROOT, "shim", "intercept", "hooks.def")) as f:
