@@ -55,9 +55,16 @@ DEP_LIBS   := $(shell pkg-config --libs inih 2>/dev/null)
 LDFLAGS   := $(SANFLAGS)
 
 # The shim: hidden by default; only the runtime hooks (gpuguard.map), dlsym
-# and the gpuguard_* API export. Its modules sit in layers (shim/LAYERS).
-SHIM_SRC  := $(sort $(wildcard shim/*.c))
+# and the gpuguard_* API export. Its modules sit in layers, a folder each
+# (shim/LAYERS names them, lowest first); a module includes its headers by
+# name, from any layer's folder (the layer check says which it may).
+SHIM_LAYERS := $(shell awk '!/^\#/ && NF { print $$2 }' shim/LAYERS)
+SHIM_INC  := $(patsubst %,-Ishim/%,$(SHIM_LAYERS))
+SHIM_HDRS := $(wildcard shim/*/*.h shim/*/*.def)
+SHIM_SRC  := $(sort $(wildcard shim/*/*.c))
 SHIM_OBJ  := $(patsubst shim/%.c,$(BUILD)/shim/%.o,$(SHIM_SRC))
+# The sources of modules named by their module: $(call shim_src,prim json)
+shim_src   = $(foreach m,$(1),$(wildcard shim/*/$(m).c))
 SHIM_LIB  := $(BUILD)/libgpuguard.so
 SHIM_MAP  := shim/gpuguard.map
 # The interposer: what exports CUDA names or overrides dlsym (layer 6, and
@@ -69,11 +76,11 @@ INTERPOSER := hook_runtime hook_driver lookup api trampoline
 # $(BUILD)/shim-testing, for the core archive the unit tests link.
 TESTING_SRC := $(shell grep -l '^\#ifdef GG_TESTING' $(SHIM_SRC))
 TESTING_OBJ := $(patsubst shim/%.c,$(BUILD)/shim-testing/%.o,$(TESTING_SRC))
-CORE_OBJ  := $(filter-out $(patsubst %,$(BUILD)/shim/%.o,$(INTERPOSER)) \
+CORE_OBJ  := $(filter-out $(foreach m,$(INTERPOSER),$(filter %/$(m).o,$(SHIM_OBJ))) \
                $(patsubst shim/%.c,$(BUILD)/shim/%.o,$(TESTING_SRC)),$(SHIM_OBJ)) $(TESTING_OBJ)
 CORE_LIB  := $(BUILD)/libggcore.a
 
-.PHONY: all deps deps-build docs check test test-unit test-e2e test-tsan test-gpu demo bench fuzz install \
+.PHONY: all deps deps-build docs check test unchanged test-unit test-e2e test-tsan test-gpu demo bench fuzz install \
         clean check-deps torch-rig test-torch torch-traces timings coverage coverage-build
 all: check-deps $(SHIM_LIB) $(BUILD)/gpuguard-check
 
@@ -90,12 +97,13 @@ deps:
 deps-build:
 	@sh tools/build-aux/deps.sh install "$(CUDA_HOME)"
 
-$(BUILD)/shim/%.o: shim/%.c shim/*.h shim/*.def include/gpuguard.h | $(BUILD)/shim
-	$(CC) $(CFLAGS) $(COVFLAGS) -fvisibility=hidden -DGPUGUARD_SHIM -Iinclude $(CUDA_INC) $(DEP_CFLAGS) -c $< -o $@
-
-$(BUILD)/shim-testing/%.o: shim/%.c shim/*.h shim/*.def include/gpuguard.h
+$(BUILD)/shim/%.o: shim/%.c $(SHIM_HDRS) include/gpuguard.h
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(COVFLAGS) -fvisibility=hidden -DGPUGUARD_SHIM -DGG_TESTING -Iinclude $(CUDA_INC) $(DEP_CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(COVFLAGS) -fvisibility=hidden -DGPUGUARD_SHIM -Iinclude $(SHIM_INC) $(CUDA_INC) $(DEP_CFLAGS) -c $< -o $@
+
+$(BUILD)/shim-testing/%.o: shim/%.c $(SHIM_HDRS) include/gpuguard.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(COVFLAGS) -fvisibility=hidden -DGPUGUARD_SHIM -DGG_TESTING -Iinclude $(SHIM_INC) $(CUDA_INC) $(DEP_CFLAGS) -c $< -o $@
 
 $(SHIM_LIB): $(SHIM_OBJ) $(SHIM_MAP) shim/LAYERS tools/build-aux/layers.py
 	$(CC) -shared -o $@ $(SHIM_OBJ) $(LDFLAGS) $(COVFLAGS) -Wl,-z,defs -Wl,-z,nodelete -Wl,--as-needed \
@@ -107,7 +115,7 @@ $(SHIM_LIB): $(SHIM_OBJ) $(SHIM_MAP) shim/LAYERS tools/build-aux/layers.py
 $(CORE_LIB): $(CORE_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/shim $(BUILD)/tests/unit $(BUILD)/tests/progs $(BUILD)/fake:
+$(BUILD)/tests/unit $(BUILD)/tests/progs $(BUILD)/fake:
 	mkdir -p $@
 
 -include sim/sim.mk
@@ -122,7 +130,7 @@ $(BUILD)/shim $(BUILD)/tests/unit $(BUILD)/tests/progs $(BUILD)/fake:
 UNIT_SRC  := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/unit/%,$(UNIT_SRC))
 $(BUILD)/tests/unit/%: tests/unit/%.c tests/unit/unit.h $(CORE_LIB) | $(BUILD)/tests/unit
-	$(CC) $(CFLAGS) -DGG_TESTING -Iinclude -Ishim $(CUDA_INC) $(DEP_CFLAGS) $< $(CORE_LIB) -o $@ \
+	$(CC) $(CFLAGS) -DGG_TESTING -Iinclude $(SHIM_INC) $(CUDA_INC) $(DEP_CFLAGS) $< $(CORE_LIB) -o $@ \
 	  $(LDFLAGS) $(COVFLAGS:--coverage=-lgcov) $(DEP_LIBS) -ldl -lpthread -lm
 
 # Test programs: ordinary CUDA applications, linked against the fake runtime.
@@ -151,6 +159,13 @@ test: deps
 	@$(MAKE) --no-print-directory $(SUBJOBS) $(TEST_DEPS)
 	@$(RUN_TESTS) $(RUNFLAGS)
 
+# A refactoring's proof (docs/testing.md): the same runs with the shim of
+# BASE (default main, built once in build/unchanged) and of this tree leave
+# the same journals, shim lines and reports. RUNFLAGS: -k NAME, -j N.
+BASE ?= main
+unchanged: deps
+	@$(PYTHON) tests/unchanged/unchanged.py --base $(BASE) $(RUNFLAGS)
+
 # Every test, and tests/slow.txt written again from their times.
 timings: deps
 	@$(MAKE) --no-print-directory $(SUBJOBS) $(TEST_DEPS)
@@ -164,7 +179,7 @@ coverage: deps
 	@$(MAKE) --no-print-directory $(SUBJOBS) COVERAGE=1 coverage-build
 	@find build/cov -name '*.gcda' -delete
 	@rc=0; GG_BUILD=build/cov $(PYTHON) tests/run.py --unit --e2e $(RUNFLAGS) || rc=$$?; \
-	  $(PYTHON) tools/build-aux/coverage.py build/cov/shim:build/cov/shim-testing shim/*.c || rc=$$?; exit $$rc
+	  $(PYTHON) tools/build-aux/coverage.py build/cov/shim:build/cov/shim-testing $(SHIM_SRC) || rc=$$?; exit $$rc
 
 coverage-build: $(TEST_DEPS)
 
@@ -213,7 +228,7 @@ bench: deps
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/torch_view.py
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/instrument.py
 
-# The generated part of docs/journal.md, from shim/events.def (a test fails
+# The generated part of docs/journal.md, from shim/core/events.def (a test fails
 # when it is not current).
 docs:
 	@$(PYTHON) tools/build-aux/journal_doc.py

@@ -15,7 +15,7 @@
  * from any thread. From Python: ctypes.CDLL(None).gpuguard_stats and so on.
  *
  * Inside the shim (built with -DGPUGUARD_SHIM) the same names are the
- * exported definitions of shim/api.c.
+ * exported definitions of shim/intercept/api.c.
  */
 #ifndef GPUGUARD_H
 #define GPUGUARD_H

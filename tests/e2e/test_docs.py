@@ -1,6 +1,6 @@
 """The project's own documentation holds together: every relative link of
 the README and docs/ leads to a file (and a heading), every setting of
-shim/settings.def is in docs/policy.md, every function of the C API in
+shim/config/settings.def is in docs/policy.md, every function of the C API in
 docs/c-api.md, every metric in docs/metrics.md (test_metrics), the journal's
 tables are what events.def makes (test_journal_schema); and no file of the
 project cites a document the project does not contain."""
@@ -56,7 +56,7 @@ class Docs(unittest.TestCase):
     def test_every_setting_is_documented(self):
         policy = read("docs/policy.md")
         rows = re.findall(r'^SETTING\((\w+),\s*(\w+),\s*"([^"]*)",\s*(NULL|"[^"]*")',
-                          read("shim/settings.def"), re.M)
+                          read("shim/config/settings.def"), re.M)
         self.assertTrue(rows)
         missing = []
         for field, section, key, env in rows:

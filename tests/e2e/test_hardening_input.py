@@ -191,7 +191,7 @@ class ManyProblems(HostileCase):
         self.assertEqual(run.rc, 0, run.err)
         self.check_said_once(run, path)
 
-    # Bug (shim/journal.c, gg_journal_write while holding): the lines said
+    # Bug (shim/core/journal.c, gg_journal_write while holding): the lines said
     # before the journal opens are kept in PENDING = 16 slots of
     # PENDING_LEN = 1024 bytes, and the rest are dropped, uncounted. Here
     # 10 problems + 6 "observing only" lines fill the slots, so the last two
@@ -205,7 +205,7 @@ class ManyProblems(HostileCase):
         errors = [e for e in evs if e["ev"] == "error" and path in e["message"]]
         self.assertEqual(len(errors), 11, errors)
 
-    # Bug (shim/life.c, report/report_more): the file-less lines ("GPU%d:
+    # Bug (shim/life/life.c, report/report_more): the file-less lines ("GPU%d:
     # policy problems above; observing only") share the per-file cap of
     # 10 under the file name "", so with 16 GPUs six are dropped and
     # report_more says "gpuguard: : ...and 6 more problems
@@ -274,7 +274,7 @@ class BigDirectory(HostileCase):
         self.assertEqual([x["live_allocs"] for x in summary["devices"]], [0] * self.GPUS)
         self.assertLessEqual(len(run.shim_lines()), self.GPUS, b"\n".join(run.shim_lines()))
 
-    # Bug (shim/journal.c, gg_journal_write while holding): a line written
+    # Bug (shim/core/journal.c, gg_journal_write while holding): a line written
     # before the journal opens is kept only when it fits PENDING_LEN = 1024
     # bytes, and the `start` event is written then: from about 5 GPUs on
     # (each adds ~170 bytes) the start event is silently dropped, so an
@@ -290,10 +290,10 @@ class BigDirectory(HostileCase):
         self.assertEqual(len(starts), 1)
         self.assertEqual([os.path.basename(x["policy"]) for x in starts[0]["devices"]], files)
 
-    # Bug (shim/life.c, report): the per-file cap tracks 16 files (FILES);
+    # Bug (shim/life/life.c, report): the per-file cap tracks 16 files (FILES);
     # from the 17th file on every problem is printed, and nothing caps the
     # total: 1 000 files with no [gpu] match tried before a GPU's own file
-    # print a line each (and, with shim/journal.c's 16 pending slots, push
+    # print a line each (and, with shim/core/journal.c's 16 pending slots, push
     # the `start` event out of the journal).
     def test_a_thousand_broken_files_said_boundedly(self):
         d = self.fast_dir("policies")

@@ -1,4 +1,4 @@
-"""The journal's schema, shim/events.def, against both of its sides.
+"""The journal's schema, shim/core/events.def, against both of its sides.
 
 The shim's side: events.c writes every event through EV() and every key
 through F() (a key without a row does not compile), and here every row is
@@ -194,7 +194,7 @@ class Schema(unittest.TestCase):
             self.assertIn(e["fields"], owners, e["line"])
 
     def test_events_c_writes_every_row_and_only_rows(self):
-        with open(os.path.join(ROOT, "shim", "events.c")) as f:
+        with open(os.path.join(ROOT, "shim", "core", "events.c")) as f:
             src = "".join(l for l in f if not l.lstrip().startswith("#define"))
         src = re.sub(r"/\*.*?\*/", "", src, flags=re.S)
         used_f = set(re.findall(r"\bF\((\w+),\s*(\w+)\)", src))

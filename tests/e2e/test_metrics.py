@@ -35,7 +35,7 @@ PROMETHEUS = shutil.which("prometheus")
 NEEDS = ("needs the real node_exporter and Prometheus on PATH (Debian: apt-get install "
          "prometheus prometheus-node-exporter; .ci/run installs them)")
 UNIT = os.path.join(BUILD, "tests", "unit", "test_metrics")
-METRICS_DEF = os.path.join(ROOT, "shim", "metrics.def")
+METRICS_DEF = os.path.join(ROOT, "shim", "core", "metrics.def")
 DASHBOARD = os.path.join(ROOT, "dashboards", "gpuguard.json")
 DOC = os.path.join(ROOT, "docs", "metrics.md")
 DEVICE_LABELS = ["gpu", "UUID", "modelName", "Hostname", "pid", "comm", "rank", "local_rank", "hpc_job",

@@ -1,7 +1,7 @@
 """The calling thread's Python frames, read without the GIL, on every
 CPython present (pyenv's and Debian's /usr/bin/python3).
 
-Each interpreter loads build/tests/pyframes/libpyprobe.so (shim/pyframes.c
+Each interpreter loads build/tests/pyframes/libpyprobe.so (shim/probe/pyframes.c
 behind a few functions) with ctypes, which releases the GIL for the call, and
 checks file, line and function against sys._getframe() (tests/pyframes/
 frames_check.py): main thread, a worker, nested functions, methods, lambdas,

@@ -199,34 +199,107 @@ class Descriptors(Case):
 
 
 class Layout(Case):
+    LAYERS_PY = os.path.join(ROOT, "tools", "build-aux", "layers.py")
+
+    def layers(self, layers_file, *objs):
+        return subprocess.run([sys.executable, self.LAYERS_PY, layers_file, *objs],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
     def test_no_circle_and_layers_hold(self):
-        objs = [os.path.join(BUILD, "shim", f[:-2] + ".o")
-                for f in sorted(os.listdir(os.path.join(ROOT, "shim"))) if f.endswith(".c")]
-        out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "build-aux", "layers.py"),
-                              os.path.join(ROOT, "shim", "LAYERS"), *objs],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        """The shim's modules keep to their layers, by includes and by the
+        symbols their objects call, and form no circle."""
+        shim = os.path.join(ROOT, "shim")
+        objs = [os.path.join(BUILD, "shim", layer, f[:-2] + ".o")
+                for layer in sorted(os.listdir(shim)) if os.path.isdir(os.path.join(shim, layer))
+                for f in sorted(os.listdir(os.path.join(shim, layer))) if f.endswith(".c")]
+        self.assertGreater(len(objs), 40)
+        out = self.layers(os.path.join(shim, "LAYERS"), *objs)
         self.assertEqual(out.returncode, 0, out.stdout)
 
+    def test_a_folder_per_layer(self):
+        """shim/ is a folder per layer of shim/LAYERS, in its order, and
+        every module's files are in one; nothing else but LAYERS and the
+        export map lies at the top."""
+        shim = os.path.join(ROOT, "shim")
+        with open(os.path.join(shim, "LAYERS")) as f:
+            rows = [l.split("#", 1)[0].split() for l in f]
+        rows = [r for r in rows if r]
+        self.assertEqual([int(r[0]) for r in rows], list(range(len(rows))))
+        self.assertEqual([r[1] for r in rows],
+                         ["prim", "base", "config", "probe", "core", "life", "intercept"])
+        entries = sorted(os.listdir(shim))
+        self.assertEqual(sorted(e for e in entries if os.path.isdir(os.path.join(shim, e))),
+                         sorted(r[1] for r in rows))
+        self.assertEqual(sorted(e for e in entries if not os.path.isdir(os.path.join(shim, e))),
+                         ["LAYERS", "gpuguard.map"])
+
     def test_checker_finds_an_upward_include_and_a_circle(self):
+        """The layer check fails on an include upward, a circle, a folder
+        that is no layer and a module outside any folder."""
         shim = os.path.join(self.tmp, "shim")
-        os.makedirs(shim)
+        for d in ("low", "high", "other"):
+            os.makedirs(os.path.join(shim, d))
         with open(os.path.join(shim, "LAYERS"), "w") as f:
-            f.write("0 low a\n1 high b c\n")
-        files = {"a.c": '#include "b.h"\n', "a.h": "", "b.c": '#include "c.h"\n',
-                 "b.h": "", "c.c": '#include "b.h"\n', "c.h": ""}
+            f.write("0 low\n1 high\n")
+        files = {"low/a.c": '#include "b.h"\n', "low/a.h": "", "high/b.c": '#include "c.h"\n',
+                 "high/b.h": "", "high/c.c": '#include "b.h"\n', "high/c.h": "",
+                 "other/d.c": "", "e.c": ""}
         for name, text in files.items():
             with open(os.path.join(shim, name), "w") as f:
                 f.write(text)
-        out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "build-aux", "layers.py"),
-                              os.path.join(shim, "LAYERS")],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        out = self.layers(os.path.join(shim, "LAYERS"))
         self.assertEqual(out.returncode, 1)
         self.assertIn("layer 0 module a includes b.h of layer 1", out.stdout)
         self.assertIn("a circle among the shim's modules: b -> c -> b", out.stdout)
+        self.assertIn("shim/other/: a folder that shim/LAYERS does not name", out.stdout)
+        self.assertIn("shim/e.c: in no layer's folder", out.stdout)
+
+    def test_hooks_return_in_sight(self):
+        """No statement macro in the hook layer: every return of a hook is
+        written in its body (hook_body.h's steps are functions)."""
+        intercept = os.path.join(ROOT, "shim", "intercept")
+        for name in sorted(os.listdir(intercept)):
+            with open(os.path.join(intercept, name)) as f:
+                text = f.read()
+            macros = re.findall(r"^#define\s+(\w+)(\([^)]*\))?((?:.*\\\n)*.*)$", text, re.M)
+            for macro, _params, body in macros:
+                self.assertNotRegex(body, r"\bdo\s*\{", f"{name}: {macro} is a statement")
+                if re.search(r"\breturn\b", body):  # only in a function it defines
+                    self.assertRegex(body.split("return")[0], r"\{", f"{name}: {macro} returns")
+                self.assertFalse(macro.startswith("GG_HOOK_") and macro != "GG_HOOK_BODY_H",
+                                 f"{name}: {macro}")
+
+    def test_life_lists_no_module_by_hand(self):
+        """A forked child's resets come from shim/life/modules.def, in its
+        order: life.c calls no module's after-fork itself, and every
+        after-fork a module declares has its row."""
+        with open(os.path.join(ROOT, "shim", "life", "life.c")) as f:
+            life = f.read()
+        self.assertNotRegex(life, r"\bgg_\w+_after_fork\s*\(\s*\)\s*;")
+        self.assertIn('#include "modules.def"', life)
+        with open(os.path.join(ROOT, "shim", "life", "modules.def")) as f:
+            rows = re.findall(r"^MODULE\((\w+),\s*(\w+)\)", f.read(), re.M)
+        declared, code = set(), ""
+        for layer in os.listdir(os.path.join(ROOT, "shim")):
+            folder = os.path.join(ROOT, "shim", layer)
+            if os.path.isdir(folder):
+                for name in os.listdir(folder):
+                    with open(os.path.join(folder, name)) as f:
+                        text = f.read()
+                    if name.endswith(".h"):
+                        declared |= set(re.findall(r"\bvoid (gg_\w+_after_fork)\(void\);", text))
+                    elif name.endswith(".c"):
+                        code += text
+        self.assertGreater(len(declared), 10)
+        in_table = {fn for _m, fn in rows}
+        self.assertLessEqual(in_table - {"gg_journal_drop"}, declared)
+        for fn in sorted(declared - in_table):  # a module's own part of another's reset
+            self.assertRegex(code, r"\n\s+%s\(\);" % fn, f"{fn} is never called")
+        self.assertEqual(rows[-1], ("journal", "gg_journal_drop"))
 
     def test_the_fakes_export_every_hook(self):
         rows = []
-        with open(os.path.join(ROOT, "shim", "hooks.def")) as f:
+        with open(os.path.join(ROOT, "shim", "intercept", "hooks.def")) as f:
             for line in f:
                 m = re.match(r"HOOK\((\w+),\s*(RT|DRV),\s*(\w+),\s*[\w-]+,\s*\d+,\s*\d+,\s*(\d)", line)
                 if m:

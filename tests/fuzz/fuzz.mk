@@ -15,13 +15,13 @@ FUZZ_DIR     := $(BUILD)/fuzz
 FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -Wshadow \
                 -Wstrict-prototypes -Wmissing-prototypes -fno-omit-frame-pointer \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-                -Ishim -Iinclude -Itests/fuzz $(DEP_CFLAGS)
+                $(SHIM_INC) -Iinclude -Itests/fuzz $(DEP_CFLAGS)
 # Whether this clang links a fuzzer (it needs compiler-rt's libFuzzer).
 FUZZ_OK      := $(shell echo 'int LLVMFuzzerTestOneInput(void) { return 0; }' | \
                   $(FUZZ_CC) -x c -fsanitize=fuzzer,address,undefined - -o /dev/null >/dev/null 2>&1 && echo yes)
 
-FUZZ_POLICY_SRC := tests/fuzz/fuzz_policy.c $(patsubst %,shim/%.c,prim values settings inifile policy json)
-FUZZ_JSON_SRC   := tests/fuzz/fuzz_json.c shim/json.c
+FUZZ_POLICY_SRC := tests/fuzz/fuzz_policy.c $(call shim_src,prim values settings inifile policy json)
+FUZZ_JSON_SRC   := tests/fuzz/fuzz_json.c shim/base/json.c
 
 ifeq ($(FUZZ_OK),yes)
 FUZZ_BIN := $(FUZZ_DIR)/fuzz_policy $(FUZZ_DIR)/fuzz_json
@@ -29,11 +29,11 @@ else
 FUZZ_BIN :=
 endif
 
-$(FUZZ_DIR)/fuzz_policy: $(FUZZ_POLICY_SRC) shim/*.h shim/*.def tests/fuzz/json_check.h tests/fuzz/fuzz.mk
+$(FUZZ_DIR)/fuzz_policy: $(FUZZ_POLICY_SRC) $(SHIM_HDRS) tests/fuzz/json_check.h tests/fuzz/fuzz.mk
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_POLICY_SRC) -o $@ -linih -lm
 
-$(FUZZ_DIR)/fuzz_json: $(FUZZ_JSON_SRC) shim/json.h tests/fuzz/json_check.h tests/fuzz/fuzz.mk
+$(FUZZ_DIR)/fuzz_json: $(FUZZ_JSON_SRC) shim/base/json.h tests/fuzz/json_check.h tests/fuzz/fuzz.mk
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_JSON_SRC) -o $@ -lm
 

@@ -1,4 +1,4 @@
-/* fuzz_json.c - libFuzzer harness of the journal's JSON writer (shim/json.c).
+/* fuzz_json.c - libFuzzer harness of the journal's JSON writer (shim/base/json.c).
  *
  * The input is cut into a line built the way events.c builds its events:
  * arbitrary bytes in every string field (names, paths, symbols, Python

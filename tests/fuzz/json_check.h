@@ -2,7 +2,7 @@
  * the oracle of the fuzz harnesses (tests/fuzz) and of tests/unit/test_json.c.
  *
  * Written from the specifications (RFC 3629 for UTF-8, RFC 8259 for JSON),
- * not from shim/json.c, so the writer cannot share a mistake with them.
+ * not from shim/base/json.c, so the writer cannot share a mistake with them.
  */
 #ifndef GG_JSON_CHECK_H
 #define GG_JSON_CHECK_H

@@ -1,4 +1,4 @@
-"""What shim/pyframes.c costs, per CPython present (a benchmark, not a test).
+"""What shim/probe/pyframes.c costs, per CPython present (a benchmark, not a test).
 
   make build/tests/pyframes/libpyprobe.so
   python3 tests/pyframes/bench_pyframes.py [build/tests/pyframes/libpyprobe.so]

@@ -1,5 +1,5 @@
 /* fakepy.c - a fake CPython for the guard tests (see fakepy.h). Offsets are
- * those of real x86-64 release builds (shim/pyframes.c has the table). */
+ * those of real x86-64 release builds (shim/probe/pyframes.c has the table). */
 #include "fakepy.h"
 
 #include <stdbool.h>

@@ -1,4 +1,4 @@
-"""Checks shim/pyframes.c against what this script knows of itself.
+"""Checks shim/probe/pyframes.c against what this script knows of itself.
 
   python3 frames_check.py build/tests/pyframes/libpyprobe.so
 

@@ -1,4 +1,4 @@
-# Test artefacts for shim/pyframes.c and shim/elfsym.c, included by the top
+# Test artefacts for shim/probe/pyframes.c and shim/probe/elfsym.c, included by the top
 # Makefile. Uses $(BUILD), $(CC), $(CFLAGS), $(LDFLAGS), $(SANFLAGS).
 #
 #   tests/pyframes/libpyprobe.so  pyframes.c behind a few functions that
@@ -24,13 +24,13 @@ PYFRAMES_TEST := $(PYF_DIR)/libpyprobe.so $(PYF_DIR)/embed $(ELFSYM_DIR)/libsym.
 $(PYF_DIR) $(ELFSYM_DIR):
 	mkdir -p $@
 
-$(PYF_DIR)/libpyprobe.so: tests/pyframes/pyprobe.c shim/pyframes.c shim/prim.c shim/pyframes.h \
-                          shim/prim.h | $(PYF_DIR)
-	$(CC) $(CFLAGS) -fvisibility=hidden -shared -DGG_TESTING -Ishim $(filter %.c,$^) -o $@ $(LDFLAGS) -ldl
+$(PYF_DIR)/libpyprobe.so: tests/pyframes/pyprobe.c shim/probe/pyframes.c shim/prim/prim.c shim/probe/pyframes.h \
+                          shim/prim/prim.h | $(PYF_DIR)
+	$(CC) $(CFLAGS) -fvisibility=hidden -shared -DGG_TESTING $(SHIM_INC) $(filter %.c,$^) -o $@ $(LDFLAGS) -ldl
 
-$(PYF_DIR)/embed: tests/pyframes/embed.c shim/pyframes.c shim/prim.c shim/pyframes.h shim/prim.h \
+$(PYF_DIR)/embed: tests/pyframes/embed.c shim/probe/pyframes.c shim/prim/prim.c shim/probe/pyframes.h shim/prim/prim.h \
                   | $(PYF_DIR)
-	$(CC) $(CFLAGS) -DGG_TESTING -Ishim $(filter %.c,$^) -o $@ $(LDFLAGS) -ldl -lpthread
+	$(CC) $(CFLAGS) -DGG_TESTING $(SHIM_INC) $(filter %.c,$^) -o $@ $(LDFLAGS) -ldl -lpthread
 
 $(ELFSYM_DIR)/libsym.so: tests/elfsym/symlib.c | $(ELFSYM_DIR)
 	$(CC) $(SYMLIB_FLAGS) $< -o $@
@@ -42,9 +42,9 @@ $(ELFSYM_DIR)/libsym_stripped.so: tests/elfsym/symlib.c | $(ELFSYM_DIR)
 $(ELFSYM_DIR)/libsymcxx.so: tests/elfsym/symlib.cpp | $(ELFSYM_DIR)
 	$(CXX) $(SYMLIB_FLAGS) $< -o $@
 
-$(ELFSYM_DIR)/nopie: tests/elfsym/nopie.c shim/elfsym.c shim/prim.c shim/elfsym.h shim/prim.h \
+$(ELFSYM_DIR)/nopie: tests/elfsym/nopie.c shim/probe/elfsym.c shim/prim/prim.c shim/probe/elfsym.h shim/prim/prim.h \
                      | $(ELFSYM_DIR)
-	$(CC) $(filter-out -fPIC,$(CFLAGS)) -fno-pie -no-pie -Ishim $(filter %.c,$^) -o $@ \
+	$(CC) $(filter-out -fPIC,$(CFLAGS)) -fno-pie -no-pie $(SHIM_INC) $(filter %.c,$^) -o $@ \
 	  $(LDFLAGS) -ldl
 
 # Fake interpreters for the guard tests in tests/unit/test_pyframes.c.

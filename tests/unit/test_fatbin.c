@@ -1,4 +1,4 @@
-/* test_fatbin.c - the fat-binary reader and the rule (shim/fatbin.h), on
+/* test_fatbin.c - the fat-binary reader and the rule (shim/base/fatbin.h), on
  * libraries built here by the real nvcc (tests/arch/arch.mk, in
  * $GG_BUILD/arch) and on hand-made, corrupt and truncated input. */
 #include "fatbin.h"

@@ -1,4 +1,4 @@
-/* test_origin.c - where a library comes from (shim/origin.h), and the fix said
+/* test_origin.c - where a library comes from (shim/base/origin.h), and the fix said
  * in its user's terms (gg_fatbin_fix): dpkg's database and wheels'
  * .dist-info directories made here, in a temporary directory. */
 #include <errno.h>

@@ -1,5 +1,5 @@
 /* test_policy.c - policy files: keys, problems with FILE:LINE, selection,
- * environment overrides, limits (shim/policy.c, with values.c, settings.c and
+ * environment overrides, limits (shim/config/policy.c, with values.c, settings.c and
  * inifile.c beneath it). */
 #include "policy.h"
 #include "unit.h"

@@ -9,7 +9,7 @@ and prints a line per source file of shim/ (the .c files and the headers
 whose inline code they include, a header's line counted once however many
 objects include it: run by any of them is run) and the total:
 
-    shim/guard.c          412/440   93.6%
+    shim/core/guard.c          412/440   93.6%
     ...
     total               9876/12345  80.0%   (lines of shim/ that hold code)
 
@@ -31,16 +31,18 @@ def main():
     lines = {}  # file -> {line: executed}
     found = 0
     for objdir, src in ((o, s) for s in sources for o in objdirs):
-        obj = os.path.join(objdir, os.path.splitext(os.path.basename(src))[0])
+        # shim/LAYER/NAME.c's object is OBJDIR/LAYER/NAME.o
+        odir = os.path.join(objdir, os.path.dirname(os.path.relpath(src, "shim")))
+        obj = os.path.join(odir, os.path.splitext(os.path.basename(src))[0])
         if not os.path.exists(obj + ".gcda"):
             # never run by any test: its lines count as not executed
             if os.path.exists(obj + ".gcno"):
-                proc = subprocess.run(["gcov", "--json-format", "--stdout", "-o", objdir, src],
+                proc = subprocess.run(["gcov", "--json-format", "--stdout", "-o", odir, src],
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
                 merge(lines, proc.stdout, root)
             continue
         found += 1
-        proc = subprocess.run(["gcov", "--json-format", "--stdout", "-o", objdir, src],
+        proc = subprocess.run(["gcov", "--json-format", "--stdout", "-o", odir, src],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             print("coverage: gcov %s: %s" % (src, proc.stderr.strip()), file=sys.stderr)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The journal's reference, docs/journal.md, made from its schema, shim/events.def.
+"""The journal's reference, docs/journal.md, made from its schema, shim/core/events.def.
 
   journal_doc.py            rewrite the generated part of docs/journal.md
   journal_doc.py --check    exit 1 (and say where) when it is not what events.def makes
@@ -15,9 +15,9 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EVENTS_DEF = os.path.join(ROOT, "shim", "events.def")
+EVENTS_DEF = os.path.join(ROOT, "shim", "core", "events.def")
 JOURNAL_MD = os.path.join(ROOT, "docs", "journal.md")
-BEGIN = "<!-- made from shim/events.def by tools/build-aux/journal_doc.py: edit those, not this -->"
+BEGIN = "<!-- made from shim/core/events.def by tools/build-aux/journal_doc.py: edit those, not this -->"
 END = "<!-- end of what journal_doc.py makes -->"
 
 
@@ -193,7 +193,7 @@ def main():
         return 1
     if a.check:
         if new != page:
-            print(f"journal_doc: {os.path.relpath(JOURNAL_MD, ROOT)} is not what shim/events.def "
+            print(f"journal_doc: {os.path.relpath(JOURNAL_MD, ROOT)} is not what shim/core/events.def "
                   "makes: run tools/build-aux/journal_doc.py", file=sys.stderr)
             return 1
         return 0

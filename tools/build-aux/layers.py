@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """Check the shim's layers: tools/build-aux/layers.py shim/LAYERS OBJ...
 
-Every module of shim/ belongs to one layer (shim/LAYERS). A module may use
-only modules of its own layer or lower ones, and the modules may form no
-circle. "Uses" is read two ways, and both are checked:
-  - its files' #include "x.h" lines (shim/*.c, *.h, *.def), and
+shim/LAYERS names the layers, lowest first; each is a folder of shim/, and
+every module (a .c/.h pair, or a header or table alone) is in the layer of
+its folder: shim/core/guard.c is module guard, of layer core. A module may
+use only modules of its own layer or lower ones, and the modules may form
+no circle. "Uses" is read two ways, and both are checked:
+  - its files' #include "x.h" lines (shim/*/*.c, *.h, *.def), and
   - its object's undefined symbols, resolved against the other objects'
     definitions (like the DT_NEEDED check: what the code really calls).
+A folder that is no layer, a module outside a folder, or one module in
+two folders is an error too.
 
 Prints one line per violation and exits 1; silent and 0 when all is well.
 Standard library only; uses nm from binutils.
@@ -17,16 +21,42 @@ import subprocess
 import sys
 
 
-def read_layers(path):
-    layer_of = {}
+SOURCE = re.compile(r"\.(c|h|def)$")
+
+
+def read_layers(path, problems):
+    """{module: level}, from the folders of the layers path names."""
+    shim_dir = os.path.dirname(os.path.abspath(path))
+    layers = {}
     with open(path) as f:
-        for line in f:
-            line = line.split("#", 1)[0].split()
-            if not line:
+        for n, line in enumerate(f, 1):
+            words = line.split("#", 1)[0].split()
+            if not words:
                 continue
-            level, _name, *modules = line
-            for m in modules:
-                layer_of[m] = int(level)
+            if len(words) != 2 or not words[0].isdigit():
+                problems.append(f"shim/LAYERS:{n}: not 'LEVEL NAME': {line.strip()}")
+                continue
+            layers[words[1]] = int(words[0])
+    layer_of = {}
+    for entry in sorted(os.listdir(shim_dir)):
+        full = os.path.join(shim_dir, entry)
+        if not os.path.isdir(full):
+            if SOURCE.search(entry):
+                problems.append(f"shim/{entry}: in no layer's folder (shim/LAYERS)")
+            continue
+        if entry not in layers:
+            problems.append(f"shim/{entry}/: a folder that shim/LAYERS does not name")
+            continue
+        for name in sorted(os.listdir(full)):
+            if not SOURCE.search(name):
+                continue
+            mod = module_of(name)
+            if layer_of.get(mod, layers[entry]) != layers[entry]:
+                problems.append(f"shim/{entry}/{name}: module {mod} is in two layers' folders")
+            layer_of[mod] = layers[entry]
+    for name in layers:
+        if not os.path.isdir(os.path.join(shim_dir, name)):
+            problems.append(f"shim/LAYERS: layer {name} has no folder shim/{name}/")
     return layer_of
 
 
@@ -35,16 +65,23 @@ def module_of(path):
     return re.sub(r"\.(c|h|def|o)$", "", base)
 
 
+def sources(shim_dir):
+    """shim/LAYER/FILE of every module's file, as (relative name, path)."""
+    for entry in sorted(os.listdir(shim_dir)):
+        full = os.path.join(shim_dir, entry)
+        if os.path.isdir(full):
+            for name in sorted(os.listdir(full)):
+                if SOURCE.search(name):
+                    yield f"{entry}/{name}", os.path.join(full, name)
+
+
 def include_edges(shim_dir, layer_of, problems):
     edges = set()
-    for name in sorted(os.listdir(shim_dir)):
-        if not re.search(r"\.(c|h|def)$", name):
-            continue
+    for name, path in sources(shim_dir):
         mod = module_of(name)
         if mod not in layer_of:
-            problems.append(f"shim/{name}: module {mod} is in no layer of shim/LAYERS")
-            continue
-        with open(os.path.join(shim_dir, name)) as f:
+            continue  # said by read_layers
+        with open(path) as f:
             for n, line in enumerate(f, 1):
                 m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
                 if not m:
@@ -124,8 +161,8 @@ def main(argv):
         print(__doc__.strip().splitlines()[0], file=sys.stderr)
         return 2
     layers, objs = argv[1], argv[2:]
-    layer_of = read_layers(layers)
     problems = []
+    layer_of = read_layers(layers, problems)
     edges = include_edges(os.path.dirname(os.path.abspath(layers)), layer_of, problems)
     edges |= symbol_edges(objs, layer_of, problems)
     for c in circles(edges):

@@ -9,9 +9,9 @@
 
 CHECK_SHIM := prim values settings inifile policy driver origin fatbin
 CHECK_SRC := tools/check/gpuguard-check.c tools/check/check_arch.c \
-             $(patsubst %,shim/%.c,$(CHECK_SHIM))
+             $(call shim_src,$(CHECK_SHIM))
 
-$(BUILD)/gpuguard-check: $(CHECK_SRC) shim/*.h shim/*.def tools/check/*.h tools/check/check.mk
+$(BUILD)/gpuguard-check: $(CHECK_SRC) $(SHIM_HDRS) tools/check/*.h tools/check/check.mk
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -Ishim -Iinclude $(CUDA_INC) $(DEP_CFLAGS) $(CHECK_SRC) -o $@ \
+	$(CC) $(CFLAGS) $(SHIM_INC) -Iinclude $(CUDA_INC) $(DEP_CFLAGS) $(CHECK_SRC) -o $@ \
 	  $(LDFLAGS) -linih -ldl

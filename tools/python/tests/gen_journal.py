@@ -5,8 +5,8 @@ streaming test (a few MB, in `make test`) and its benchmark (100 MB and
 
     gen_journal.py OUT SIZE [--seed N] [--killed]     SIZE: 100M, 1G, 2000000 ...
 
-The journal has the shape the shim writes (its schema, shim/events.def,
-from which shim/events.c writes and docs/journal.md is made): a `start` listing eight GPUs of
+The journal has the shape the shim writes (its schema, shim/core/events.def,
+from which shim/core/events.c writes and docs/journal.md is made): a `start` listing eight GPUs of
 which the process uses one, a `mode` switch when the trainer registers, an
 `arch` check, then a week-long training run on an RTX 3090: every step
 allocates its activations and frees them, so the process's use climbs and

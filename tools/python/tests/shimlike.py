@@ -1,5 +1,5 @@
 """Journals built event by event in the shape the shim writes them: the
-fields and their order of shim/events.c (start, mode, sample,
+fields and their order of shim/core/events.c (start, mode, sample,
 near_miss/refused/oom with pystack and, for a thread without Python frames,
 thread; advice, batch, arch, summary with peak_pystack), and of
 docs/journal.md for step, leak and advice's forecast; `torch` and `backward`

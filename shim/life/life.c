@@ -157,26 +157,17 @@ static void default_policy_dir(char *out, size_t cap)
  * child never reads the shim's tables again, and their consistency there
  * does not matter; only a lock that a parent thread held at the fork must
  * not stay held, since the C API may still be called. */
+static void (*const after_fork[])(void) = {
+#define MODULE(module, fn) fn,
+#include "modules.def"
+#undef MODULE
+};
+
 static void child_after_fork(void)
 {
     atomic_store(&gg_state, GG_STATE_PASSTHROUGH);
-    gg_advice_after_fork();
-    gg_ledger_after_fork();
-    gg_sites_after_fork();
-    gg_stack_after_fork();
-    gg_steps_after_fork();
-    gg_retry_after_fork();
-    gg_backward_after_fork();
-    gg_py_after_fork();
-    gg_elfsym_after_fork();
-    gg_maps_after_fork();
-    gg_guard_after_fork();
-    gg_symbolize_after_fork();
-    gg_ticker_after_fork();
-    gg_metrics_after_fork(); /* the parent's file is the parent's */
-    gg_devices_after_fork(); /* and its share of a shared GPU */
-    gg_trace_after_fork();
-    gg_journal_drop();
+    for (size_t i = 0; i < sizeof after_fork / sizeof after_fork[0]; i++)
+        after_fork[i]();
 }
 
 static void catch_term(void);

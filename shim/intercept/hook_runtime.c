@@ -19,6 +19,7 @@
 
 #include "arch.h"
 #include "hook_body.h"
+#include "hook_shapes.def"
 
 /* ---- the real functions, per runtime ----------------------------------------------- */
 
@@ -51,26 +52,34 @@ static GG_COLD cudaError_t missing(enum gg_rt rt, enum gg_hook h)
     return cudaErrorInitializationError;
 }
 
-#define REAL(type, rt, h)                 \
-    type real = (type)real_of(rt, h);     \
-    if (gg_unlikely(!real))               \
-        return missing(rt, h)
+/* ---- the bodies, one per shape (hook_shapes.def) ---------------------------------- */
 
-/* ---- the bodies, one per shape ---------------------------------------------------------- */
-
-/* The shared body (hook_body.h), on the runtime's side: side = the
+/* The shared steps (hook_body.h), on the runtime's side: side = the
  * runtime's version. Its codes are the shared ones. */
 _Static_assert(cudaSuccess == GG_OK && cudaErrorMemoryAllocation == GG_OOM,
                "the runtime's codes are hook_body.h's");
 
-#define KEY_OF(P) ((P) ? (uintptr_t) * (void **)(P) : 0)
+/* What the caller's pointer holds (0: no pointer). */
+static inline uintptr_t key_of(void *const *p)
+{
+    return p ? (uintptr_t)*p : 0;
+}
 
 typedef cudaError_t (*alloc_fn)(void **, size_t);
 static inline cudaError_t body_RT_ALLOC(enum gg_hook h, enum gg_rt rt, uintptr_t ra, void **p,
                                         size_t n)
 {
-    REAL(alloc_fn, rt, h);
-    GG_HOOK_ALLOC((int)rt, h, ra, n, -1, GG_REFUSABLE, p, real(p, n), KEY_OF(p));
+    alloc_fn real = (alloc_fn)real_of(rt, h);
+    if (gg_unlikely(!real))
+        return missing(rt, h);
+    struct gg_call c;
+    struct gg_verdict v;
+    if (!gg_hook_begin(&c, (int)rt, h, ra, n, -1, GG_REFUSABLE))
+        return real(p, n);
+    if (!gg_guard_admit(&c, &v))
+        return gg_hook_refuse((int)rt, &c, &v, p);
+    cudaError_t r = real(p, n);
+    return gg_hook_end(&c, &v, r, r == cudaSuccess ? key_of(p) : 0);
 }
 
 /* A stream-ordered request on stream s: on the stream's device (a default
@@ -87,37 +96,84 @@ typedef cudaError_t (*async_fn)(void **, size_t, cudaStream_t);
 static inline cudaError_t body_RT_ASYNC(enum gg_hook h, enum gg_rt rt, uintptr_t ra, void **p,
                                         size_t n, cudaStream_t s)
 {
-    REAL(async_fn, rt, h);
-    GG_HOOK_POOL((int)rt, h, ra, n, 0, stream_device(s), gg_hooks_driver_enabled(), p,
-                 real(p, n, s), p);
+    async_fn real = (async_fn)real_of(rt, h);
+    if (gg_unlikely(!real))
+        return missing(rt, h);
+    struct gg_call c;
+    struct gg_verdict v;
+    if (!gg_hook_begin(&c, (int)rt, h, ra, n, stream_device(s), GG_REFUSABLE))
+        return real(p, n, s);
+    if (!gg_guard_pool(&c, 0, c.dev, gg_hooks_driver_enabled())) { /* a host pool's */
+        cudaError_t r = real(p, n, s);
+        return gg_hook_host_end(r, key_of(p));
+    }
+    if (!gg_guard_admit(&c, &v))
+        return gg_hook_refuse((int)rt, &c, &v, p);
+    cudaError_t r = real(p, n, s);
+    return gg_hook_end(&c, &v, r, r == cudaSuccess ? key_of(p) : 0);
 }
 
 typedef cudaError_t (*pool_fn)(void **, size_t, cudaMemPool_t, cudaStream_t);
 static inline cudaError_t body_RT_POOL(enum gg_hook h, enum gg_rt rt, uintptr_t ra, void **p,
                                        size_t n, cudaMemPool_t pool, cudaStream_t s)
 {
-    REAL(pool_fn, rt, h);
+    pool_fn real = (pool_fn)real_of(rt, h);
+    if (gg_unlikely(!real))
+        return missing(rt, h);
     if (!pool) /* no pool: the runtime says what is wrong */
         return real(p, n, pool, s);
-    GG_HOOK_POOL((int)rt, h, ra, n, (uint64_t)(uintptr_t)pool, stream_device(s),
-                 gg_hooks_driver_enabled(), p, real(p, n, pool, s), p);
+    struct gg_call c;
+    struct gg_verdict v;
+    if (!gg_hook_begin(&c, (int)rt, h, ra, n, stream_device(s), GG_REFUSABLE))
+        return real(p, n, pool, s);
+    if (!gg_guard_pool(&c, (uint64_t)(uintptr_t)pool, c.dev, gg_hooks_driver_enabled())) {
+        cudaError_t r = real(p, n, pool, s);
+        return gg_hook_host_end(r, key_of(p));
+    }
+    if (!gg_guard_admit(&c, &v))
+        return gg_hook_refuse((int)rt, &c, &v, p);
+    cudaError_t r = real(p, n, pool, s);
+    return gg_hook_end(&c, &v, r, r == cudaSuccess ? key_of(p) : 0);
 }
 
 typedef cudaError_t (*managed_fn)(void **, size_t, unsigned);
 static inline cudaError_t body_RT_MANAGED(enum gg_hook h, enum gg_rt rt, uintptr_t ra, void **p,
                                           size_t n, unsigned flags)
 {
-    REAL(managed_fn, rt, h);
+    managed_fn real = (managed_fn)real_of(rt, h);
+    if (gg_unlikely(!real))
+        return missing(rt, h);
     /* Managed memory may oversubscribe the device: counted, never refused. */
-    GG_HOOK_ALLOC((int)rt, h, ra, n, -1, GG_REFUSABLE_NEVER, p, real(p, n, flags), KEY_OF(p));
+    struct gg_call c;
+    struct gg_verdict v;
+    if (!gg_hook_begin(&c, (int)rt, h, ra, n, -1, GG_REFUSABLE_NEVER))
+        return real(p, n, flags);
+    if (!gg_guard_admit(&c, &v))
+        return gg_hook_refuse((int)rt, &c, &v, p);
+    cudaError_t r = real(p, n, flags);
+    return gg_hook_end(&c, &v, r, r == cudaSuccess ? key_of(p) : 0);
 }
 
+/* Pitched memory: judged by what was asked, counted by what the device
+ * gave (hook_body.h). */
 typedef cudaError_t (*pitch_fn)(void **, size_t *, size_t, size_t);
 static cudaError_t body_RT_PITCH(enum gg_hook h, enum gg_rt rt, uintptr_t ra, void **p,
                                  size_t *pitch, size_t w, size_t hgt)
 {
-    REAL(pitch_fn, rt, h);
-    GG_HOOK_PITCH((int)rt, h, ra, w, hgt, p, pitch, p, real(p, pitch, w, hgt));
+    pitch_fn real = (pitch_fn)real_of(rt, h);
+    if (gg_unlikely(!real))
+        return missing(rt, h);
+    struct gg_call c;
+    struct gg_verdict v;
+    if (!gg_hook_begin(&c, (int)rt, h, ra, gg_hook_pitch_bytes(w, hgt), -1,
+                                    GG_REFUSABLE))
+        return real(p, pitch, w, hgt);
+    if (!gg_guard_admit(&c, &v))
+        return gg_hook_refuse((int)rt, &c, &v, p);
+    cudaError_t r = real(p, pitch, w, hgt);
+    if (r == cudaSuccess && pitch)
+        gg_hook_pitched(&c, *pitch, hgt);
+    return gg_hook_end(&c, &v, r, r == cudaSuccess ? key_of(p) : 0);
 }
 
 /* 3-D pitched memory: width bytes for each of height x depth rows, counted
@@ -127,7 +183,9 @@ typedef cudaError_t (*malloc3d_fn)(struct cudaPitchedPtr *, struct cudaExtent);
 static cudaError_t body_RT_3D(enum gg_hook h, enum gg_rt rt, uintptr_t ra,
                               struct cudaPitchedPtr *pp, struct cudaExtent e)
 {
-    REAL(malloc3d_fn, rt, h);
+    malloc3d_fn real = (malloc3d_fn)real_of(rt, h);
+    if (gg_unlikely(!real))
+        return missing(rt, h);
     uint64_t rows, bytes;
     if (!pp || __builtin_mul_overflow((uint64_t)e.height, (uint64_t)e.depth, &rows) ||
         __builtin_mul_overflow((uint64_t)e.width, rows, &bytes))
@@ -141,14 +199,22 @@ static cudaError_t body_RT_3D(enum gg_hook h, enum gg_rt rt, uintptr_t ra,
         return gg_hook_refuse((int)rt, &c, &v, NULL);
     }
     cudaError_t r = real(pp, e);
-    if (r == cudaSuccess && !__builtin_mul_overflow((uint64_t)pp->pitch, rows, &bytes))
-        c.bytes = bytes; /* what the device really gave */
+    if (r == cudaSuccess)
+        gg_hook_pitched(&c, pp->pitch, rows);
     return gg_hook_end(&c, &v, r, r == cudaSuccess ? (uintptr_t)pp->ptr : 0);
 }
 
-/* Arrays: the element size from the channel descriptor (a missing one is
- * the runtime's to reject: it passes through uncounted). */
-#define CHANNEL_BYTES(DESC) gg_array_channel_bytes((DESC)->x, (DESC)->y, (DESC)->z, (DESC)->w)
+/* Arrays: the bytes their extent and element size hold (arrays.h), the
+ * element size from the channel descriptor; one the runtime will reject
+ * (no descriptor, an extent it cannot hold) passes through uncounted, its
+ * error the runtime's. */
+static inline bool array_bytes(const struct cudaChannelFormatDesc *desc, size_t w, size_t hgt,
+                               size_t depth, unsigned flags, unsigned levels, uint64_t *bytes)
+{
+    return desc && gg_array_bytes(w, hgt, depth,
+                                  gg_array_channel_bytes(desc->x, desc->y, desc->z, desc->w),
+                                  flags, levels, bytes);
+}
 
 typedef cudaError_t (*array_fn)(cudaArray_t *, const struct cudaChannelFormatDesc *, size_t,
                                 size_t, unsigned);
@@ -156,11 +222,20 @@ static cudaError_t body_RT_ARRAY(enum gg_hook h, enum gg_rt rt, uintptr_t ra, cu
                                  const struct cudaChannelFormatDesc *desc, size_t w, size_t hgt,
                                  unsigned flags)
 {
-    REAL(array_fn, rt, h);
-    if (!desc)
+    array_fn real = (array_fn)real_of(rt, h);
+    if (gg_unlikely(!real))
+        return missing(rt, h);
+    uint64_t bytes;
+    if (!array_bytes(desc, w, hgt, 0, flags, 1, &bytes))
         return real(a, desc, w, hgt, flags);
-    GG_HOOK_ARRAY((int)rt, h, ra, w, hgt, 0, CHANNEL_BYTES(desc), flags, 1, a,
-                  real(a, desc, w, hgt, flags), a);
+    struct gg_call c;
+    struct gg_verdict v;
+    if (!gg_hook_begin(&c, (int)rt, h, ra, bytes, -1, GG_REFUSABLE))
+        return real(a, desc, w, hgt, flags);
+    if (!gg_guard_admit(&c, &v))
+        return gg_hook_refuse((int)rt, &c, &v, (void **)a);
+    cudaError_t r = real(a, desc, w, hgt, flags);
+    return gg_hook_end(&c, &v, r, r == cudaSuccess ? key_of((void **)a) : 0);
 }
 
 typedef cudaError_t (*array3d_fn)(cudaArray_t *, const struct cudaChannelFormatDesc *,
@@ -169,11 +244,20 @@ static cudaError_t body_RT_ARRAY3D(enum gg_hook h, enum gg_rt rt, uintptr_t ra, 
                                    const struct cudaChannelFormatDesc *desc, struct cudaExtent e,
                                    unsigned flags)
 {
-    REAL(array3d_fn, rt, h);
-    if (!desc)
+    array3d_fn real = (array3d_fn)real_of(rt, h);
+    if (gg_unlikely(!real))
+        return missing(rt, h);
+    uint64_t bytes;
+    if (!array_bytes(desc, e.width, e.height, e.depth, flags, 1, &bytes))
         return real(a, desc, e, flags);
-    GG_HOOK_ARRAY((int)rt, h, ra, e.width, e.height, e.depth, CHANNEL_BYTES(desc), flags, 1, a,
-                  real(a, desc, e, flags), a);
+    struct gg_call c;
+    struct gg_verdict v;
+    if (!gg_hook_begin(&c, (int)rt, h, ra, bytes, -1, GG_REFUSABLE))
+        return real(a, desc, e, flags);
+    if (!gg_guard_admit(&c, &v))
+        return gg_hook_refuse((int)rt, &c, &v, (void **)a);
+    cudaError_t r = real(a, desc, e, flags);
+    return gg_hook_end(&c, &v, r, r == cudaSuccess ? key_of((void **)a) : 0);
 }
 
 typedef cudaError_t (*mipmap_fn)(cudaMipmappedArray_t *, const struct cudaChannelFormatDesc *,
@@ -182,49 +266,82 @@ static cudaError_t body_RT_MIPMAP(enum gg_hook h, enum gg_rt rt, uintptr_t ra,
                                   cudaMipmappedArray_t *a, const struct cudaChannelFormatDesc *desc,
                                   struct cudaExtent e, unsigned levels, unsigned flags)
 {
-    REAL(mipmap_fn, rt, h);
-    if (!desc)
+    mipmap_fn real = (mipmap_fn)real_of(rt, h);
+    if (gg_unlikely(!real))
+        return missing(rt, h);
+    uint64_t bytes;
+    if (!array_bytes(desc, e.width, e.height, e.depth, flags, levels, &bytes))
         return real(a, desc, e, levels, flags);
-    GG_HOOK_ARRAY((int)rt, h, ra, e.width, e.height, e.depth, CHANNEL_BYTES(desc), flags, levels,
-                  a, real(a, desc, e, levels, flags), a);
+    struct gg_call c;
+    struct gg_verdict v;
+    if (!gg_hook_begin(&c, (int)rt, h, ra, bytes, -1, GG_REFUSABLE))
+        return real(a, desc, e, levels, flags);
+    if (!gg_guard_admit(&c, &v))
+        return gg_hook_refuse((int)rt, &c, &v, (void **)a);
+    cudaError_t r = real(a, desc, e, levels, flags);
+    return gg_hook_end(&c, &v, r, r == cudaSuccess ? key_of((void **)a) : 0);
 }
 
+/* Frees: the guard forgets first, the real free, then what it returned
+ * (hook_body.h). */
 typedef cudaError_t (*free_fn)(void *);
 static inline cudaError_t body_RT_FREE(enum gg_hook h, enum gg_rt rt, void *p)
 {
-    REAL(free_fn, rt, h);
-    GG_HOOK_FREE((int)rt, h, p, true, real(p));
+    free_fn real = (free_fn)real_of(rt, h);
+    if (gg_unlikely(!real))
+        return missing(rt, h);
+    struct gg_hook_free f;
+    if (!gg_hook_free_begin(&f, (int)rt, h, (uintptr_t)p))
+        return real(p);
+    return gg_hook_free_done(&f, (int)rt, h, true, real(p));
 }
 
 typedef cudaError_t (*free_async_fn)(void *, cudaStream_t);
 static inline cudaError_t body_RT_FREE_ASYNC(enum gg_hook h, enum gg_rt rt, void *p,
                                              cudaStream_t s)
 {
-    REAL(free_async_fn, rt, h);
-    GG_HOOK_FREE((int)rt, h, p, true, real(p, s));
+    free_async_fn real = (free_async_fn)real_of(rt, h);
+    if (gg_unlikely(!real))
+        return missing(rt, h);
+    struct gg_hook_free f;
+    if (!gg_hook_free_begin(&f, (int)rt, h, (uintptr_t)p))
+        return real(p, s);
+    return gg_hook_free_done(&f, (int)rt, h, true, real(p, s));
 }
 
 /* An array the shim did not count (sparse, deferred) is no surprise. */
 typedef cudaError_t (*free_array_fn)(cudaArray_t);
 static cudaError_t body_RT_FREE_ARRAY(enum gg_hook h, enum gg_rt rt, cudaArray_t a)
 {
-    REAL(free_array_fn, rt, h);
-    GG_HOOK_FREE((int)rt, h, a, false, real(a));
+    free_array_fn real = (free_array_fn)real_of(rt, h);
+    if (gg_unlikely(!real))
+        return missing(rt, h);
+    struct gg_hook_free f;
+    if (!gg_hook_free_begin(&f, (int)rt, h, (uintptr_t)a))
+        return real(a);
+    return gg_hook_free_done(&f, (int)rt, h, false, real(a));
 }
 
 typedef cudaError_t (*free_mipmap_fn)(cudaMipmappedArray_t);
 static cudaError_t body_RT_FREE_MIPMAP(enum gg_hook h, enum gg_rt rt,
                                        cudaMipmappedArray_t a)
 {
-    REAL(free_mipmap_fn, rt, h);
-    GG_HOOK_FREE((int)rt, h, a, false, real(a));
+    free_mipmap_fn real = (free_mipmap_fn)real_of(rt, h);
+    if (gg_unlikely(!real))
+        return missing(rt, h);
+    struct gg_hook_free f;
+    if (!gg_hook_free_begin(&f, (int)rt, h, (uintptr_t)a))
+        return real(a);
+    return gg_hook_free_done(&f, (int)rt, h, false, real(a));
 }
 
 typedef cudaError_t (*meminfo_fn)(size_t *, size_t *);
 static cudaError_t body_RT_MEMINFO(enum gg_hook h, enum gg_rt rt, size_t *free_b,
                                    size_t *total_b)
 {
-    REAL(meminfo_fn, rt, h);
+    meminfo_fn real = (meminfo_fn)real_of(rt, h);
+    if (gg_unlikely(!real))
+        return missing(rt, h);
     cudaError_t r = real(free_b, total_b);
     if (r == cudaSuccess && gg_enter()) {
         int dev = gg_hook_device((int)rt, -1);
@@ -254,7 +371,9 @@ static cudaError_t body_RT_ENTRY(enum gg_hook h, enum gg_rt rt, uintptr_t ra, co
                                  void **fn, unsigned long long flags,
                                  enum cudaDriverEntryPointQueryResult *st)
 {
-    REAL(entry_fn, rt, h);
+    entry_fn real = (entry_fn)real_of(rt, h);
+    if (gg_unlikely(!real))
+        return missing(rt, h);
     cudaError_t r = real(sym, fn, flags, st);
     if (r == cudaSuccess && fn && *fn)
         *fn = entry_handed("entry", sym, *fn, flags, gg_runtime_version(rt), ra);
@@ -267,7 +386,9 @@ static cudaError_t body_RT_ENTRY_V(enum gg_hook h, enum gg_rt rt, uintptr_t ra, 
                                    void **fn, unsigned int version, unsigned long long flags,
                                    enum cudaDriverEntryPointQueryResult *st)
 {
-    REAL(entry_v_fn, rt, h);
+    entry_v_fn real = (entry_v_fn)real_of(rt, h);
+    if (gg_unlikely(!real))
+        return missing(rt, h);
     cudaError_t r = real(sym, fn, version, flags, st);
     if (r == cudaSuccess && fn && *fn)
         *fn = entry_handed("entry_v", sym, *fn, flags, (int)version, ra);
@@ -296,98 +417,16 @@ static void **body_RT_REGISTER(enum gg_hook h, enum gg_rt rt, void *fat_cubin)
 
 /* ---- the exports, from hooks.def ----------------------------------------------------- */
 
-#define RET_RT_ALLOC cudaError_t
-#define RET_RT_ASYNC cudaError_t
-#define RET_RT_POOL cudaError_t
-#define RET_RT_MANAGED cudaError_t
-#define RET_RT_PITCH cudaError_t
-#define RET_RT_3D cudaError_t
-#define RET_RT_ARRAY cudaError_t
-#define RET_RT_ARRAY3D cudaError_t
-#define RET_RT_MIPMAP cudaError_t
-#define RET_RT_FREE_ARRAY cudaError_t
-#define RET_RT_FREE_MIPMAP cudaError_t
-#define RET_RT_FREE cudaError_t
-#define RET_RT_FREE_ASYNC cudaError_t
-#define RET_RT_MEMINFO cudaError_t
-#define RET_RT_ENTRY cudaError_t
-#define RET_RT_ENTRY_V cudaError_t
-#define RET_RT_REGISTER void **
-#define SIG_RT_REGISTER (void *fat_cubin)
-#define ARGS_RT_REGISTER (fat_cubin)
-#define SIG_RT_ALLOC (void **p, size_t n)
-#define ARGS_RT_ALLOC (p, n)
-#define SIG_RT_ASYNC (void **p, size_t n, cudaStream_t s)
-#define ARGS_RT_ASYNC (p, n, s)
-#define SIG_RT_POOL (void **p, size_t n, cudaMemPool_t pool, cudaStream_t s)
-#define ARGS_RT_POOL (p, n, pool, s)
-#define SIG_RT_MANAGED (void **p, size_t n, unsigned int flags)
-#define ARGS_RT_MANAGED (p, n, flags)
-#define SIG_RT_PITCH (void **p, size_t *pitch, size_t w, size_t hgt)
-#define ARGS_RT_PITCH (p, pitch, w, hgt)
-#define SIG_RT_3D (struct cudaPitchedPtr * pp, struct cudaExtent e)
-#define ARGS_RT_3D (pp, e)
-#define SIG_RT_ARRAY \
-    (cudaArray_t * a, const struct cudaChannelFormatDesc *desc, size_t w, size_t hgt, unsigned flags)
-#define ARGS_RT_ARRAY (a, desc, w, hgt, flags)
-#define SIG_RT_ARRAY3D \
-    (cudaArray_t * a, const struct cudaChannelFormatDesc *desc, struct cudaExtent e, unsigned flags)
-#define ARGS_RT_ARRAY3D (a, desc, e, flags)
-#define SIG_RT_MIPMAP                                                                    \
-    (cudaMipmappedArray_t * a, const struct cudaChannelFormatDesc *desc, struct cudaExtent e, \
-     unsigned levels, unsigned flags)
-#define ARGS_RT_MIPMAP (a, desc, e, levels, flags)
-#define SIG_RT_FREE_ARRAY (cudaArray_t a)
-#define ARGS_RT_FREE_ARRAY (a)
-#define SIG_RT_FREE_MIPMAP (cudaMipmappedArray_t a)
-#define ARGS_RT_FREE_MIPMAP (a)
-#define SIG_RT_FREE (void *p)
-#define ARGS_RT_FREE (p)
-#define SIG_RT_FREE_ASYNC (void *p, cudaStream_t s)
-#define ARGS_RT_FREE_ASYNC (p, s)
-#define SIG_RT_MEMINFO (size_t * free_b, size_t *total_b)
-#define ARGS_RT_MEMINFO (free_b, total_b)
-#define SIG_RT_ENTRY \
-    (const char *sym, void **fn, unsigned long long flags, enum cudaDriverEntryPointQueryResult *st)
-#define ARGS_RT_ENTRY (sym, fn, flags, st)
-#define SIG_RT_ENTRY_V                                                                  \
-    (const char *sym, void **fn, unsigned int version, unsigned long long flags,       \
-     enum cudaDriverEntryPointQueryResult *st)
-#define ARGS_RT_ENTRY_V (sym, fn, version, flags, st)
-
-#define EXPAND(...) __VA_ARGS__
-
-/* One exported function `name` forwarding to runtime rt (the parameter
- * lists are expanded before they are pasted in). One that allocates reads
- * its own return address: the call that entered the shim, the module that
- * asked. */
-#define RT_FN(name, rt, id, shape) RT_FN_(name, rt, id, shape, SIG_##shape, ARGS_##shape)
-#define RT_FN_(name, rt, id, shape, sig, args)                                       \
-    GG_EXPORT RET_##shape CUDARTAPI name sig;                                        \
-    GG_EXPORT RET_##shape CUDARTAPI name sig                                         \
+/* One exported function `name` forwarding to runtime rt: its signature,
+ * and whether its body is given the caller's return address (the call that
+ * entered the shim, the module that asked), from hook_shapes.def. */
+#define RT_FN(name, rt, id, shape) GG_SHAPE(RT_FN_, shape, name, rt, id, shape)
+#define RT_FN_(name, rt, id, shape, ret, caller, params, args)                        \
+    GG_EXPORT ret CUDARTAPI name params;                                             \
+    GG_EXPORT ret CUDARTAPI name params                                              \
     {                                                                                \
-        return body_##shape(GG_HOOK_##id, rt RA_##shape, EXPAND args);               \
+        return body_##shape(GG_HOOK_##id, rt GG_SHAPE_CALLER_##caller GG_SHAPE_ARGS args); \
     }
-/* The shapes that allocate take the return address; frees and the rest
- * need none (not even its load). */
-#define RA_YES , (uintptr_t)__builtin_return_address(0)
-#define RA_RT_ALLOC RA_YES
-#define RA_RT_ASYNC RA_YES
-#define RA_RT_POOL RA_YES
-#define RA_RT_MANAGED RA_YES
-#define RA_RT_PITCH RA_YES
-#define RA_RT_3D RA_YES
-#define RA_RT_ARRAY RA_YES
-#define RA_RT_ARRAY3D RA_YES
-#define RA_RT_MIPMAP RA_YES
-#define RA_RT_FREE
-#define RA_RT_FREE_ASYNC
-#define RA_RT_FREE_ARRAY
-#define RA_RT_FREE_MIPMAP
-#define RA_RT_MEMINFO
-#define RA_RT_ENTRY RA_YES
-#define RA_RT_ENTRY_V RA_YES
-#define RA_RT_REGISTER
 
 /* The copy for unversioned callers: export@@GPUGUARD_CUDART, the default.
  * Not the base version: glibc lets a versioned reference bind to a symbol

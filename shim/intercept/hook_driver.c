@@ -29,6 +29,7 @@
 
 #include "arch.h"
 #include "hook_body.h"
+#include "hook_shapes.def"
 #include "ledger.h"
 #include "settings.h"
 
@@ -71,17 +72,23 @@ static inline bool enter(void)
     return gg_hook_enter(SIDE);
 }
 
-#define REAL(type, h, v) ((type)real_of(h, v))
-#define MISSING(fn) \
-    if (gg_unlikely(!fn)) \
-        return CUDA_ERROR_NOT_INITIALIZED
+/* What the caller's pointer holds (0: no pointer). */
+#define KEY_OF(P) ((P) ? (uintptr_t) * (P) : 0)
 
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
 static CUresult body_DRV_ALLOC(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr *p, size_t n)
 {
-    alloc_fn real = REAL(alloc_fn, h, v);
-    MISSING(real);
-    GG_HOOK_ALLOC(SIDE, h, ra, n, -1, GG_REFUSABLE, NULL, real(p, n), p ? (uintptr_t)*p : 0);
+    alloc_fn real = (alloc_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct gg_call c;
+    struct gg_verdict vd;
+    if (!gg_hook_begin(&c, SIDE, h, ra, n, -1, GG_REFUSABLE))
+        return real(p, n);
+    if (!gg_guard_admit(&c, &vd))
+        return gg_hook_refuse(SIDE, &c, &vd, NULL);
+    CUresult r = real(p, n);
+    return gg_hook_end(&c, &vd, r, r == CUDA_SUCCESS ? KEY_OF(p) : 0);
 }
 
 /* The legacy ABI: 32-bit device pointers and sizes (cuda.h's _v1). */
@@ -89,19 +96,39 @@ typedef CUresult (*alloc_v1_fn)(CUdeviceptr_v1 *, unsigned int);
 static CUresult body_DRV_ALLOC_V1(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr_v1 *p,
                                   unsigned int n)
 {
-    alloc_v1_fn real = REAL(alloc_v1_fn, h, v);
-    MISSING(real);
-    GG_HOOK_ALLOC(SIDE, h, ra, n, -1, GG_REFUSABLE, NULL, real(p, n), p ? (uintptr_t)*p : 0);
+    alloc_v1_fn real = (alloc_v1_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct gg_call c;
+    struct gg_verdict vd;
+    if (!gg_hook_begin(&c, SIDE, h, ra, n, -1, GG_REFUSABLE))
+        return real(p, n);
+    if (!gg_guard_admit(&c, &vd))
+        return gg_hook_refuse(SIDE, &c, &vd, NULL);
+    CUresult r = real(p, n);
+    return gg_hook_end(&c, &vd, r, r == CUDA_SUCCESS ? KEY_OF(p) : 0);
 }
 
-/* Pitched memory (hook_body.h's GG_HOOK_PITCH). */
+/* Pitched memory: judged by what was asked, counted by what the device
+ * gave (hook_body.h). */
 typedef CUresult (*pitch_fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
 static CUresult body_DRV_PITCH(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr *p, size_t *pitch,
                                size_t w, size_t hgt, unsigned elem)
 {
-    pitch_fn real = REAL(pitch_fn, h, v);
-    MISSING(real);
-    GG_HOOK_PITCH(SIDE, h, ra, w, hgt, p, pitch, NULL, real(p, pitch, w, hgt, elem));
+    pitch_fn real = (pitch_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct gg_call c;
+    struct gg_verdict vd;
+    if (!gg_hook_begin(&c, SIDE, h, ra, gg_hook_pitch_bytes(w, hgt), -1,
+                                    GG_REFUSABLE))
+        return real(p, pitch, w, hgt, elem);
+    if (!gg_guard_admit(&c, &vd))
+        return gg_hook_refuse(SIDE, &c, &vd, NULL);
+    CUresult r = real(p, pitch, w, hgt, elem);
+    if (r == CUDA_SUCCESS && pitch)
+        gg_hook_pitched(&c, *pitch, hgt);
+    return gg_hook_end(&c, &vd, r, r == CUDA_SUCCESS ? KEY_OF(p) : 0);
 }
 
 typedef CUresult (*pitch_v1_fn)(CUdeviceptr_v1 *, unsigned int *, unsigned int, unsigned int,
@@ -110,43 +137,85 @@ static CUresult body_DRV_PITCH_V1(enum gg_hook h, int v, uintptr_t ra, CUdevicep
                                   unsigned int *pitch, unsigned int w, unsigned int hgt,
                                   unsigned int elem)
 {
-    pitch_v1_fn real = REAL(pitch_v1_fn, h, v);
-    MISSING(real);
-    GG_HOOK_PITCH(SIDE, h, ra, w, hgt, p, pitch, NULL, real(p, pitch, w, hgt, elem));
+    pitch_v1_fn real = (pitch_v1_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct gg_call c;
+    struct gg_verdict vd;
+    if (!gg_hook_begin(&c, SIDE, h, ra, gg_hook_pitch_bytes(w, hgt), -1,
+                                    GG_REFUSABLE))
+        return real(p, pitch, w, hgt, elem);
+    if (!gg_guard_admit(&c, &vd))
+        return gg_hook_refuse(SIDE, &c, &vd, NULL);
+    CUresult r = real(p, pitch, w, hgt, elem);
+    if (r == CUDA_SUCCESS && pitch)
+        gg_hook_pitched(&c, *pitch, hgt);
+    return gg_hook_end(&c, &vd, r, r == CUDA_SUCCESS ? KEY_OF(p) : 0);
 }
 
 typedef CUresult (*managed_fn)(CUdeviceptr *, size_t, unsigned);
 static CUresult body_DRV_MANAGED(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr *p, size_t n,
                                  unsigned f)
 {
-    managed_fn real = REAL(managed_fn, h, v);
-    MISSING(real);
+    managed_fn real = (managed_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     /* Managed memory may oversubscribe the device: counted, never refused. */
-    GG_HOOK_ALLOC(SIDE, h, ra, n, -1, GG_REFUSABLE_NEVER, NULL, real(p, n, f),
-                  p ? (uintptr_t)*p : 0);
+    struct gg_call c;
+    struct gg_verdict vd;
+    if (!gg_hook_begin(&c, SIDE, h, ra, n, -1, GG_REFUSABLE_NEVER))
+        return real(p, n, f);
+    if (!gg_guard_admit(&c, &vd))
+        return gg_hook_refuse(SIDE, &c, &vd, NULL);
+    CUresult r = real(p, n, f);
+    return gg_hook_end(&c, &vd, r, r == CUDA_SUCCESS ? KEY_OF(p) : 0);
 }
 
-/* Stream-ordered requests (hook_body.h's GG_HOOK_POOL): the shim sees every
+/* Stream-ordered requests (hook_body.h's gg_hook_pool_admit): the shim sees every
  * change of a device's current pool through the driver, so what it last
  * knew is trusted. */
 typedef CUresult (*async_fn)(CUdeviceptr *, size_t, CUstream);
 static CUresult body_DRV_ASYNC(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr *p, size_t n,
                                CUstream s)
 {
-    async_fn real = REAL(async_fn, h, v);
-    MISSING(real);
-    GG_HOOK_POOL(SIDE, h, ra, n, 0, gg_driver_stream_device(s), true, NULL, real(p, n, s), p);
+    async_fn real = (async_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct gg_call c;
+    struct gg_verdict vd;
+    if (!gg_hook_begin(&c, SIDE, h, ra, n, gg_driver_stream_device(s), GG_REFUSABLE))
+        return real(p, n, s);
+    if (!gg_guard_pool(&c, 0, c.dev, true)) { /* a host pool's */
+        CUresult r = real(p, n, s);
+        return gg_hook_host_end(r, KEY_OF(p));
+    }
+    if (!gg_guard_admit(&c, &vd))
+        return gg_hook_refuse(SIDE, &c, &vd, NULL);
+    CUresult r = real(p, n, s);
+    return gg_hook_end(&c, &vd, r, r == CUDA_SUCCESS ? KEY_OF(p) : 0);
 }
 
 typedef CUresult (*pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 static CUresult body_DRV_POOL(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr *p, size_t n,
                               CUmemoryPool m, CUstream s)
 {
-    pool_fn real = REAL(pool_fn, h, v);
-    MISSING(real);
+    pool_fn real = (pool_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     if (!m) /* no pool: the driver says what is wrong */
         return real(p, n, m, s);
-    GG_HOOK_POOL(SIDE, h, ra, n, (uint64_t)(uintptr_t)m, -1, true, NULL, real(p, n, m, s), p);
+    struct gg_call c;
+    struct gg_verdict vd;
+    if (!gg_hook_begin(&c, SIDE, h, ra, n, -1, GG_REFUSABLE))
+        return real(p, n, m, s);
+    if (!gg_guard_pool(&c, (uint64_t)(uintptr_t)m, c.dev, true)) { /* a host pool's */
+        CUresult r = real(p, n, m, s);
+        return gg_hook_host_end(r, KEY_OF(p));
+    }
+    if (!gg_guard_admit(&c, &vd))
+        return gg_hook_refuse(SIDE, &c, &vd, NULL);
+    CUresult r = real(p, n, m, s);
+    return gg_hook_end(&c, &vd, r, r == CUDA_SUCCESS ? KEY_OF(p) : 0);
 }
 
 typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
@@ -155,130 +224,199 @@ static CUresult body_DRV_CREATE(enum gg_hook h, int v, uintptr_t ra,
                                 CUmemGenericAllocationHandle *hd, size_t n,
                                 const CUmemAllocationProp *prop, unsigned long long f)
 {
-    create_fn real = REAL(create_fn, h, v);
-    MISSING(real);
+    create_fn real = (create_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     /* Only device memory is the guard's: host and NUMA locations (NCCL's
      * host buffers) pass through uncounted. */
     if (!prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return real(hd, n, prop, f);
-    GG_HOOK_ALLOC(SIDE, h, ra, n, prop->location.id, GG_REFUSABLE, NULL, real(hd, n, prop, f),
-                  hd ? gg_ledger_handle_key(*hd) : 0);
+    struct gg_call c;
+    struct gg_verdict vd;
+    if (!gg_hook_begin(&c, SIDE, h, ra, n, prop->location.id, GG_REFUSABLE))
+        return real(hd, n, prop, f);
+    if (!gg_guard_admit(&c, &vd))
+        return gg_hook_refuse(SIDE, &c, &vd, NULL);
+    CUresult r = real(hd, n, prop, f);
+    return gg_hook_end(&c, &vd, r, r == CUDA_SUCCESS && hd ? gg_ledger_handle_key(*hd) : 0);
 }
 
-/* Arrays: the element size from the descriptor's format and channels
- * (hook_body.h's GG_HOOK_ARRAY). */
-#define FORMAT_BYTES(D) gg_array_format_bytes((D)->Format, (D)->NumChannels)
+/* Arrays: the bytes their extent and element size hold (arrays.h), the
+ * element size from the descriptor's format and channels; one the driver
+ * will reject (no descriptor, an extent it cannot hold) passes through
+ * uncounted, its error the driver's. */
+#define ARRAY_BYTES(D, DEPTH, FLAGS, LEVELS, BYTES)                                          \
+    ((D) && gg_array_bytes((D)->Width, (D)->Height, DEPTH,                                 \
+                           gg_array_format_bytes((D)->Format, (D)->NumChannels), FLAGS, LEVELS, \
+                           BYTES))
 
 typedef CUresult (*array_fn)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
 static CUresult body_DRV_ARRAY(enum gg_hook h, int v, uintptr_t ra, CUarray *a,
                                const CUDA_ARRAY_DESCRIPTOR *d)
 {
-    array_fn real = REAL(array_fn, h, v);
-    MISSING(real);
-    if (!d)
+    array_fn real = (array_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t bytes;
+    if (!ARRAY_BYTES(d, 0, 0, 1, &bytes))
         return real(a, d);
-    GG_HOOK_ARRAY(SIDE, h, ra, d->Width, d->Height, 0, FORMAT_BYTES(d), 0, 1, NULL, real(a, d), a);
+    struct gg_call c;
+    struct gg_verdict vd;
+    if (!gg_hook_begin(&c, SIDE, h, ra, bytes, -1, GG_REFUSABLE))
+        return real(a, d);
+    if (!gg_guard_admit(&c, &vd))
+        return gg_hook_refuse(SIDE, &c, &vd, NULL);
+    CUresult r = real(a, d);
+    return gg_hook_end(&c, &vd, r, r == CUDA_SUCCESS ? KEY_OF(a) : 0);
 }
 
 typedef CUresult (*array_v1_fn)(CUarray *, const CUDA_ARRAY_DESCRIPTOR_v1 *);
 static CUresult body_DRV_ARRAY_V1(enum gg_hook h, int v, uintptr_t ra, CUarray *a,
                                   const CUDA_ARRAY_DESCRIPTOR_v1 *d)
 {
-    array_v1_fn real = REAL(array_v1_fn, h, v);
-    MISSING(real);
-    if (!d)
+    array_v1_fn real = (array_v1_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t bytes;
+    if (!ARRAY_BYTES(d, 0, 0, 1, &bytes))
         return real(a, d);
-    GG_HOOK_ARRAY(SIDE, h, ra, d->Width, d->Height, 0, FORMAT_BYTES(d), 0, 1, NULL, real(a, d), a);
+    struct gg_call c;
+    struct gg_verdict vd;
+    if (!gg_hook_begin(&c, SIDE, h, ra, bytes, -1, GG_REFUSABLE))
+        return real(a, d);
+    if (!gg_guard_admit(&c, &vd))
+        return gg_hook_refuse(SIDE, &c, &vd, NULL);
+    CUresult r = real(a, d);
+    return gg_hook_end(&c, &vd, r, r == CUDA_SUCCESS ? KEY_OF(a) : 0);
 }
 
 typedef CUresult (*array3d_fn)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
 static CUresult body_DRV_ARRAY3D(enum gg_hook h, int v, uintptr_t ra, CUarray *a,
                                  const CUDA_ARRAY3D_DESCRIPTOR *d)
 {
-    array3d_fn real = REAL(array3d_fn, h, v);
-    MISSING(real);
-    if (!d)
+    array3d_fn real = (array3d_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t bytes;
+    if (!ARRAY_BYTES(d, d->Depth, d->Flags, 1, &bytes))
         return real(a, d);
-    GG_HOOK_ARRAY(SIDE, h, ra, d->Width, d->Height, d->Depth, FORMAT_BYTES(d), d->Flags, 1, NULL,
-                  real(a, d), a);
+    struct gg_call c;
+    struct gg_verdict vd;
+    if (!gg_hook_begin(&c, SIDE, h, ra, bytes, -1, GG_REFUSABLE))
+        return real(a, d);
+    if (!gg_guard_admit(&c, &vd))
+        return gg_hook_refuse(SIDE, &c, &vd, NULL);
+    CUresult r = real(a, d);
+    return gg_hook_end(&c, &vd, r, r == CUDA_SUCCESS ? KEY_OF(a) : 0);
 }
 
 typedef CUresult (*array3d_v1_fn)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR_v1 *);
 static CUresult body_DRV_ARRAY3D_V1(enum gg_hook h, int v, uintptr_t ra, CUarray *a,
                                     const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
 {
-    array3d_v1_fn real = REAL(array3d_v1_fn, h, v);
-    MISSING(real);
-    if (!d)
+    array3d_v1_fn real = (array3d_v1_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t bytes;
+    if (!ARRAY_BYTES(d, d->Depth, d->Flags, 1, &bytes))
         return real(a, d);
-    GG_HOOK_ARRAY(SIDE, h, ra, d->Width, d->Height, d->Depth, FORMAT_BYTES(d), d->Flags, 1, NULL,
-                  real(a, d), a);
+    struct gg_call c;
+    struct gg_verdict vd;
+    if (!gg_hook_begin(&c, SIDE, h, ra, bytes, -1, GG_REFUSABLE))
+        return real(a, d);
+    if (!gg_guard_admit(&c, &vd))
+        return gg_hook_refuse(SIDE, &c, &vd, NULL);
+    CUresult r = real(a, d);
+    return gg_hook_end(&c, &vd, r, r == CUDA_SUCCESS ? KEY_OF(a) : 0);
 }
 
 typedef CUresult (*mipmap_fn)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
 static CUresult body_DRV_MIPMAP(enum gg_hook h, int v, uintptr_t ra, CUmipmappedArray *a,
                                 const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
 {
-    mipmap_fn real = REAL(mipmap_fn, h, v);
-    MISSING(real);
-    if (!d)
+    mipmap_fn real = (mipmap_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t bytes;
+    if (!ARRAY_BYTES(d, d->Depth, d->Flags, levels, &bytes))
         return real(a, d, levels);
-    GG_HOOK_ARRAY(SIDE, h, ra, d->Width, d->Height, d->Depth, FORMAT_BYTES(d), d->Flags, levels,
-                  NULL, real(a, d, levels), a);
+    struct gg_call c;
+    struct gg_verdict vd;
+    if (!gg_hook_begin(&c, SIDE, h, ra, bytes, -1, GG_REFUSABLE))
+        return real(a, d, levels);
+    if (!gg_guard_admit(&c, &vd))
+        return gg_hook_refuse(SIDE, &c, &vd, NULL);
+    CUresult r = real(a, d, levels);
+    return gg_hook_end(&c, &vd, r, r == CUDA_SUCCESS ? KEY_OF(a) : 0);
 }
 
 typedef CUresult (*free_fn)(CUdeviceptr);
-static CUresult body_DRV_FREE(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr p)
+static CUresult body_DRV_FREE(enum gg_hook h, int v, CUdeviceptr p)
 {
-    free_fn real = REAL(free_fn, h, v);
-    (void)ra;
-    MISSING(real);
-    GG_HOOK_FREE(SIDE, h, p, false, real(p));
+    free_fn real = (free_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct gg_hook_free f;
+    if (!gg_hook_free_begin(&f, SIDE, h, (uintptr_t)p))
+        return real(p);
+    return gg_hook_free_done(&f, SIDE, h, false, real(p));
 }
 
 typedef CUresult (*free_v1_fn)(CUdeviceptr_v1);
-static CUresult body_DRV_FREE_V1(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr_v1 p)
+static CUresult body_DRV_FREE_V1(enum gg_hook h, int v, CUdeviceptr_v1 p)
 {
-    free_v1_fn real = REAL(free_v1_fn, h, v);
-    (void)ra;
-    MISSING(real);
-    GG_HOOK_FREE(SIDE, h, p, false, real(p));
+    free_v1_fn real = (free_v1_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct gg_hook_free f;
+    if (!gg_hook_free_begin(&f, SIDE, h, (uintptr_t)p))
+        return real(p);
+    return gg_hook_free_done(&f, SIDE, h, false, real(p));
 }
 
 typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
-static CUresult body_DRV_FREE_ASYNC(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr p, CUstream s)
+static CUresult body_DRV_FREE_ASYNC(enum gg_hook h, int v, CUdeviceptr p, CUstream s)
 {
-    free_async_fn real = REAL(free_async_fn, h, v);
-    (void)ra;
-    MISSING(real);
-    GG_HOOK_FREE(SIDE, h, p, false, real(p, s));
+    free_async_fn real = (free_async_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct gg_hook_free f;
+    if (!gg_hook_free_begin(&f, SIDE, h, (uintptr_t)p))
+        return real(p, s);
+    return gg_hook_free_done(&f, SIDE, h, false, real(p, s));
 }
 
 typedef CUresult (*array_free_fn)(CUarray);
-static CUresult body_DRV_ARRAY_FREE(enum gg_hook h, int v, uintptr_t ra, CUarray a)
+static CUresult body_DRV_ARRAY_FREE(enum gg_hook h, int v, CUarray a)
 {
-    array_free_fn real = REAL(array_free_fn, h, v);
-    (void)ra;
-    MISSING(real);
-    GG_HOOK_FREE(SIDE, h, a, false, real(a));
+    array_free_fn real = (array_free_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct gg_hook_free f;
+    if (!gg_hook_free_begin(&f, SIDE, h, (uintptr_t)a))
+        return real(a);
+    return gg_hook_free_done(&f, SIDE, h, false, real(a));
 }
 
 typedef CUresult (*mipmap_free_fn)(CUmipmappedArray);
-static CUresult body_DRV_MIPMAP_FREE(enum gg_hook h, int v, uintptr_t ra, CUmipmappedArray a)
+static CUresult body_DRV_MIPMAP_FREE(enum gg_hook h, int v, CUmipmappedArray a)
 {
-    mipmap_free_fn real = REAL(mipmap_free_fn, h, v);
-    (void)ra;
-    MISSING(real);
-    GG_HOOK_FREE(SIDE, h, a, false, real(a));
+    mipmap_free_fn real = (mipmap_free_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct gg_hook_free f;
+    if (!gg_hook_free_begin(&f, SIDE, h, (uintptr_t)a))
+        return real(a);
+    return gg_hook_free_done(&f, SIDE, h, false, real(a));
 }
 
 typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
-static CUresult body_DRV_RELEASE(enum gg_hook h, int v, uintptr_t ra,
+static CUresult body_DRV_RELEASE(enum gg_hook h, int v,
                                  CUmemGenericAllocationHandle hd)
 {
-    release_fn real = REAL(release_fn, h, v);
-    (void)ra;
-    MISSING(real);
+    release_fn real = (release_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     if (!enter())
         return real(hd);
     if (gg_tracing()) /* before: the handle may be handed out again when it returns */
@@ -298,12 +436,12 @@ static CUresult body_DRV_RELEASE(enum gg_hook h, int v, uintptr_t ra,
 
 typedef CUresult (*map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
                            unsigned long long);
-static CUresult body_DRV_MAP(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr p, size_t n,
+static CUresult body_DRV_MAP(enum gg_hook h, int v, CUdeviceptr p, size_t n,
                              size_t off, CUmemGenericAllocationHandle hd, unsigned long long f)
 {
-    map_fn real = REAL(map_fn, h, v);
-    (void)ra;
-    MISSING(real);
+    map_fn real = (map_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(p, n, off, hd, f);
     if (enter()) {
         if (r == CUDA_SUCCESS) {
@@ -319,11 +457,11 @@ static CUresult body_DRV_MAP(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr p,
 }
 
 typedef CUresult (*unmap_fn)(CUdeviceptr, size_t);
-static CUresult body_DRV_UNMAP(enum gg_hook h, int v, uintptr_t ra, CUdeviceptr p, size_t n)
+static CUresult body_DRV_UNMAP(enum gg_hook h, int v, CUdeviceptr p, size_t n)
 {
-    unmap_fn real = REAL(unmap_fn, h, v);
-    (void)ra;
-    MISSING(real);
+    unmap_fn real = (unmap_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     if (!enter())
         return real(p, n);
     if (gg_tracing()) /* before: the range may be mapped again when it returns */
@@ -362,128 +500,167 @@ static unsigned long long attr_value(CUmemPool_attribute attr, const void *value
     }
 }
 
-/* A pool operation `CALL` (r its result), then what the guard is told:
- * `TELL`, with vd for the timeline, and what the trace says: `TRACE`, by
- * the outermost hook only. */
-#define POOL_OP(CALL, TELL, TRACE)                          \
-    do {                                                    \
-        bool in = enter();                                  \
-        CUresult r = CALL;                                  \
-        if (in) {                                           \
-            struct gg_verdict vd = {0};                     \
-            if (r == CUDA_SUCCESS)                          \
-                TELL;                                       \
-            if (gg_tracing())                               \
-                TRACE;                                      \
-            if (gg_unlikely(gg_verdict_any(&vd)))           \
-                gg_react_free(&vd);                         \
-            gg_leave();                                     \
-        }                                                   \
-        return r;                                           \
-    } while (0)
+/* A pool operation's last step, after the real call returned r and the
+ * guard and the trace were told (by the outermost hook only: `in`, from
+ * enter()): what the timeline must say of memory given back (vd), then the
+ * gate left. */
+static inline CUresult pool_op_end(const struct gg_verdict *vd, CUresult r)
+{
+    if (gg_unlikely(gg_verdict_any(vd)))
+        gg_react_free(vd);
+    gg_leave();
+    return r;
+}
 
 typedef CUresult (*pool_create_fn)(CUmemoryPool *, const CUmemPoolProps *);
-static CUresult body_DRV_POOL_CREATE(enum gg_hook h, int v, uintptr_t ra, CUmemoryPool *pool,
+static CUresult body_DRV_POOL_CREATE(enum gg_hook h, int v, CUmemoryPool *pool,
                                      const CUmemPoolProps *props)
 {
-    pool_create_fn real = REAL(pool_create_fn, h, v);
-    (void)ra;
-    MISSING(real);
+    pool_create_fn real = (pool_create_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    bool in = enter();
+    CUresult r = real(pool, props);
+    if (!in)
+        return r;
     /* Where its memory lives is in its properties: a device's, or the
      * host's (never counted). */
-    POOL_OP(real(pool, props),
-            if (pool && props) gg_guard_pool_created(
-                (uint64_t)(uintptr_t)*pool, props->location.id,
-                props->location.type != CU_MEM_LOCATION_TYPE_DEVICE),
-            gg_trace_pool("create", r == CUDA_SUCCESS && pool ? (uint64_t)(uintptr_t)*pool : 0,
-                          props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE
-                              ? props->location.id
-                              : -1,
-                          r));
+    bool device = props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE;
+    if (r == CUDA_SUCCESS && pool && props)
+        gg_guard_pool_created((uint64_t)(uintptr_t)*pool, props->location.id, !device);
+    if (gg_tracing())
+        gg_trace_pool("create", r == CUDA_SUCCESS && pool ? (uint64_t)(uintptr_t)*pool : 0,
+                      device ? props->location.id : -1, r);
+    gg_leave();
+    return r;
 }
 
 typedef CUresult (*pool_destroy_fn)(CUmemoryPool);
-static CUresult body_DRV_POOL_DESTROY(enum gg_hook h, int v, uintptr_t ra, CUmemoryPool pool)
+static CUresult body_DRV_POOL_DESTROY(enum gg_hook h, int v, CUmemoryPool pool)
 {
-    pool_destroy_fn real = REAL(pool_destroy_fn, h, v);
-    (void)ra;
-    MISSING(real);
-    POOL_OP(real(pool), gg_guard_pool_destroyed((uint64_t)(uintptr_t)pool, &vd),
-            gg_trace_pool("destroy", (uint64_t)(uintptr_t)pool, 0, r));
+    pool_destroy_fn real = (pool_destroy_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    bool in = enter();
+    CUresult r = real(pool);
+    if (!in)
+        return r;
+    struct gg_verdict vd = {0};
+    if (r == CUDA_SUCCESS)
+        gg_guard_pool_destroyed((uint64_t)(uintptr_t)pool, &vd);
+    if (gg_tracing())
+        gg_trace_pool("destroy", (uint64_t)(uintptr_t)pool, 0, r);
+    return pool_op_end(&vd, r);
 }
 
 typedef CUresult (*pool_trim_fn)(CUmemoryPool, size_t);
-static CUresult body_DRV_POOL_TRIM(enum gg_hook h, int v, uintptr_t ra, CUmemoryPool pool,
-                                   size_t keep)
+static CUresult body_DRV_POOL_TRIM(enum gg_hook h, int v, CUmemoryPool pool, size_t keep)
 {
-    pool_trim_fn real = REAL(pool_trim_fn, h, v);
-    (void)ra;
-    MISSING(real);
-    POOL_OP(real(pool, keep), gg_guard_pool_trimmed((uint64_t)(uintptr_t)pool, keep, &vd),
-            gg_trace_pool("trim", (uint64_t)(uintptr_t)pool, (long long)keep, r));
+    pool_trim_fn real = (pool_trim_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    bool in = enter();
+    CUresult r = real(pool, keep);
+    if (!in)
+        return r;
+    struct gg_verdict vd = {0};
+    if (r == CUDA_SUCCESS)
+        gg_guard_pool_trimmed((uint64_t)(uintptr_t)pool, keep, &vd);
+    if (gg_tracing())
+        gg_trace_pool("trim", (uint64_t)(uintptr_t)pool, (long long)keep, r);
+    return pool_op_end(&vd, r);
 }
 
 typedef CUresult (*set_pool_fn)(CUdevice, CUmemoryPool);
-static CUresult body_DRV_SET_POOL(enum gg_hook h, int v, uintptr_t ra, CUdevice dev,
-                                  CUmemoryPool pool)
+static CUresult body_DRV_SET_POOL(enum gg_hook h, int v, CUdevice dev, CUmemoryPool pool)
 {
-    set_pool_fn real = REAL(set_pool_fn, h, v);
-    (void)ra;
-    MISSING(real);
-    POOL_OP(real(dev, pool), gg_guard_current_pool((int)dev, (uint64_t)(uintptr_t)pool),
-            gg_trace_pool("current", (uint64_t)(uintptr_t)pool, dev, r));
+    set_pool_fn real = (set_pool_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    bool in = enter();
+    CUresult r = real(dev, pool);
+    if (!in)
+        return r;
+    if (r == CUDA_SUCCESS)
+        gg_guard_current_pool((int)dev, (uint64_t)(uintptr_t)pool);
+    if (gg_tracing())
+        gg_trace_pool("current", (uint64_t)(uintptr_t)pool, dev, r);
+    gg_leave();
+    return r;
 }
 
 /* A pool's attribute: nothing the guard keeps (it reads what pools hold
  * from the driver), but what decides whether a synchronisation gives
  * memory back (the release threshold): traced. */
 typedef CUresult (*pool_attr_fn)(CUmemoryPool, CUmemPool_attribute, void *);
-static CUresult body_DRV_POOL_ATTR(enum gg_hook h, int v, uintptr_t ra, CUmemoryPool pool,
+static CUresult body_DRV_POOL_ATTR(enum gg_hook h, int v, CUmemoryPool pool,
                                    CUmemPool_attribute attr, void *value)
 {
-    pool_attr_fn real = REAL(pool_attr_fn, h, v);
-    (void)ra;
-    MISSING(real);
-    POOL_OP(real(pool, attr, value), (void)0,
-            gg_trace_pool_attr((uint64_t)(uintptr_t)pool, (int)attr, attr_value(attr, value), r));
+    pool_attr_fn real = (pool_attr_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    bool in = enter();
+    CUresult r = real(pool, attr, value);
+    if (!in)
+        return r;
+    if (gg_tracing())
+        gg_trace_pool_attr((uint64_t)(uintptr_t)pool, (int)attr, attr_value(attr, value), r);
+    gg_leave();
+    return r;
+}
+
+/* A synchronisation returned r: the pools may have given memory back. */
+static CUresult synced(bool in, CUresult r)
+{
+    if (!in)
+        return r;
+    struct gg_verdict vd = {0};
+    if (r == CUDA_SUCCESS)
+        gg_guard_pools_synced(&vd);
+    if (gg_tracing())
+        gg_trace_pool("sync", 0, 0, r);
+    return pool_op_end(&vd, r);
 }
 
 typedef CUresult (*stream_sync_fn)(CUstream);
-static CUresult body_DRV_STREAM_SYNC(enum gg_hook h, int v, uintptr_t ra, CUstream s)
+static CUresult body_DRV_STREAM_SYNC(enum gg_hook h, int v, CUstream s)
 {
-    stream_sync_fn real = REAL(stream_sync_fn, h, v);
-    (void)ra;
-    MISSING(real);
-    POOL_OP(real(s), gg_guard_pools_synced(&vd), gg_trace_pool("sync", 0, 0, r));
+    stream_sync_fn real = (stream_sync_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    bool in = enter();
+    return synced(in, real(s));
 }
 
 typedef CUresult (*ctx_sync_fn)(void);
-static CUresult body_DRV_CTX_SYNC(enum gg_hook h, int v, uintptr_t ra)
+static CUresult body_DRV_CTX_SYNC(enum gg_hook h, int v)
 {
-    ctx_sync_fn real = REAL(ctx_sync_fn, h, v);
-    (void)ra;
-    MISSING(real);
-    POOL_OP(real(), gg_guard_pools_synced(&vd), gg_trace_pool("sync", 0, 0, r));
+    ctx_sync_fn real = (ctx_sync_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    bool in = enter();
+    return synced(in, real());
 }
 
 typedef CUresult (*ctx_sync2_fn)(CUcontext);
-static CUresult body_DRV_CTX_SYNC2(enum gg_hook h, int v, uintptr_t ra, CUcontext ctx)
+static CUresult body_DRV_CTX_SYNC2(enum gg_hook h, int v, CUcontext ctx)
 {
-    ctx_sync2_fn real = REAL(ctx_sync2_fn, h, v);
-    (void)ra;
-    MISSING(real);
-    POOL_OP(real(ctx), gg_guard_pools_synced(&vd), gg_trace_pool("sync", 0, 0, r));
+    ctx_sync2_fn real = (ctx_sync2_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    bool in = enter();
+    return synced(in, real(ctx));
 }
 
 /* ---- what the process sees of the device ---------------------------------------- */
 
 typedef CUresult (*meminfo_fn)(size_t *, size_t *);
-static CUresult body_DRV_MEMINFO(enum gg_hook h, int v, uintptr_t ra, size_t *free_b,
+static CUresult body_DRV_MEMINFO(enum gg_hook h, int v, size_t *free_b,
                                  size_t *total_b)
 {
-    meminfo_fn real = REAL(meminfo_fn, h, v);
-    (void)ra;
-    MISSING(real);
+    meminfo_fn real = (meminfo_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(free_b, total_b);
     if (r == CUDA_SUCCESS && enter()) {
         int dev = gg_driver_current_device();
@@ -498,12 +675,12 @@ static CUresult body_DRV_MEMINFO(enum gg_hook h, int v, uintptr_t ra, size_t *fr
 /* The legacy ABI reads 32-bit sizes: the driver's own clamped answer,
  * virtualized and clamped again. */
 typedef CUresult (*meminfo_v1_fn)(unsigned int *, unsigned int *);
-static CUresult body_DRV_MEMINFO_V1(enum gg_hook h, int v, uintptr_t ra, unsigned int *free_b,
+static CUresult body_DRV_MEMINFO_V1(enum gg_hook h, int v, unsigned int *free_b,
                                     unsigned int *total_b)
 {
-    meminfo_v1_fn real = REAL(meminfo_v1_fn, h, v);
-    (void)ra;
-    MISSING(real);
+    meminfo_v1_fn real = (meminfo_v1_fn)real_of(h, v);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     bool in = enter(); /* a driver that answers through its _v2 answers once */
     CUresult r = real(free_b, total_b);
     if (in) {
@@ -533,10 +710,11 @@ typedef CUresult (*getproc2_fn)(const char *, void **, int, cuuint64_t,
 static CUresult body_DRV_GETPROC2(enum gg_hook h, int v, uintptr_t ra, const char *sym, void **pfn,
                                   int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *status)
 {
-    getproc2_fn real = REAL(getproc2_fn, h, v);
+    getproc2_fn real = (getproc2_fn)real_of(h, v);
     if (gg_active())
         gg_arch_poll(); /* a runtime starting up: new modules checked before their kernels */
-    MISSING(real);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(sym, pfn, ver, flags, status);
     if (r == CUDA_SUCCESS && sym && pfn && *pfn && gg_hooks_driver_enabled() && !gg_passing_through())
         *pfn = getproc_handed(sym, *pfn, flags, ver, ra);
@@ -547,10 +725,11 @@ typedef CUresult (*getproc1_fn)(const char *, void **, int, cuuint64_t);
 static CUresult body_DRV_GETPROC1(enum gg_hook h, int v, uintptr_t ra, const char *sym, void **pfn,
                                   int ver, cuuint64_t flags)
 {
-    getproc1_fn real = REAL(getproc1_fn, h, v);
+    getproc1_fn real = (getproc1_fn)real_of(h, v);
     if (gg_active())
         gg_arch_poll(); /* a runtime starting up: new modules checked before their kernels */
-    MISSING(real);
+    if (gg_unlikely(!real))
+        return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(sym, pfn, ver, flags);
     if (r == CUDA_SUCCESS && sym && pfn && *pfn && gg_hooks_driver_enabled() && !gg_passing_through())
         *pfn = getproc_handed(sym, *pfn, flags, ver, ra);
@@ -559,87 +738,14 @@ static CUresult body_DRV_GETPROC1(enum gg_hook h, int v, uintptr_t ra, const cha
 
 /* ---- the variants and exports, from hooks.def -------------------------------------- */
 
-#define SIG_DRV_ALLOC (CUdeviceptr * p, size_t n)
-#define ARGS_DRV_ALLOC (, p, n)
-#define SIG_DRV_ALLOC_V1 (CUdeviceptr_v1 * p, unsigned int n)
-#define ARGS_DRV_ALLOC_V1 (, p, n)
-#define SIG_DRV_PITCH (CUdeviceptr * p, size_t *pitch, size_t w, size_t hgt, unsigned elem)
-#define ARGS_DRV_PITCH (, p, pitch, w, hgt, elem)
-#define SIG_DRV_PITCH_V1 \
-    (CUdeviceptr_v1 * p, unsigned int *pitch, unsigned int w, unsigned int hgt, unsigned int elem)
-#define ARGS_DRV_PITCH_V1 (, p, pitch, w, hgt, elem)
-#define SIG_DRV_MANAGED (CUdeviceptr * p, size_t n, unsigned f)
-#define ARGS_DRV_MANAGED (, p, n, f)
-#define SIG_DRV_ASYNC (CUdeviceptr * p, size_t n, CUstream s)
-#define ARGS_DRV_ASYNC (, p, n, s)
-#define SIG_DRV_POOL (CUdeviceptr * p, size_t n, CUmemoryPool m, CUstream s)
-#define ARGS_DRV_POOL (, p, n, m, s)
-#define SIG_DRV_CREATE \
-    (CUmemGenericAllocationHandle * hd, size_t n, const CUmemAllocationProp *prop, unsigned long long f)
-#define ARGS_DRV_CREATE (, hd, n, prop, f)
-#define SIG_DRV_ARRAY (CUarray * a, const CUDA_ARRAY_DESCRIPTOR *d)
-#define ARGS_DRV_ARRAY (, a, d)
-#define SIG_DRV_ARRAY_V1 (CUarray * a, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
-#define ARGS_DRV_ARRAY_V1 (, a, d)
-#define SIG_DRV_ARRAY3D (CUarray * a, const CUDA_ARRAY3D_DESCRIPTOR *d)
-#define ARGS_DRV_ARRAY3D (, a, d)
-#define SIG_DRV_ARRAY3D_V1 (CUarray * a, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
-#define ARGS_DRV_ARRAY3D_V1 (, a, d)
-#define SIG_DRV_MIPMAP (CUmipmappedArray * a, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
-#define ARGS_DRV_MIPMAP (, a, d, levels)
-#define SIG_DRV_FREE (CUdeviceptr p)
-#define ARGS_DRV_FREE (, p)
-#define SIG_DRV_FREE_V1 (CUdeviceptr_v1 p)
-#define ARGS_DRV_FREE_V1 (, p)
-#define SIG_DRV_FREE_ASYNC (CUdeviceptr p, CUstream s)
-#define ARGS_DRV_FREE_ASYNC (, p, s)
-#define SIG_DRV_ARRAY_FREE (CUarray a)
-#define ARGS_DRV_ARRAY_FREE (, a)
-#define SIG_DRV_MIPMAP_FREE (CUmipmappedArray a)
-#define ARGS_DRV_MIPMAP_FREE (, a)
-#define SIG_DRV_RELEASE (CUmemGenericAllocationHandle hd)
-#define ARGS_DRV_RELEASE (, hd)
-#define SIG_DRV_MAP \
-    (CUdeviceptr p, size_t n, size_t off, CUmemGenericAllocationHandle hd, unsigned long long f)
-#define ARGS_DRV_MAP (, p, n, off, hd, f)
-#define SIG_DRV_UNMAP (CUdeviceptr p, size_t n)
-#define ARGS_DRV_UNMAP (, p, n)
-#define SIG_DRV_POOL_CREATE (CUmemoryPool * pool, const CUmemPoolProps *props)
-#define ARGS_DRV_POOL_CREATE (, pool, props)
-#define SIG_DRV_POOL_DESTROY (CUmemoryPool pool)
-#define ARGS_DRV_POOL_DESTROY (, pool)
-#define SIG_DRV_POOL_ATTR (CUmemoryPool pool, CUmemPool_attribute attr, void *value)
-#define ARGS_DRV_POOL_ATTR (, pool, attr, value)
-#define SIG_DRV_POOL_TRIM (CUmemoryPool pool, size_t keep)
-#define ARGS_DRV_POOL_TRIM (, pool, keep)
-#define SIG_DRV_SET_POOL (CUdevice dev, CUmemoryPool pool)
-#define ARGS_DRV_SET_POOL (, dev, pool)
-#define SIG_DRV_STREAM_SYNC (CUstream s)
-#define ARGS_DRV_STREAM_SYNC (, s)
-#define SIG_DRV_CTX_SYNC (void)
-#define ARGS_DRV_CTX_SYNC ()
-#define SIG_DRV_CTX_SYNC2 (CUcontext ctx)
-#define ARGS_DRV_CTX_SYNC2 (, ctx)
-#define SIG_DRV_MEMINFO (size_t * free_b, size_t *total_b)
-#define ARGS_DRV_MEMINFO (, free_b, total_b)
-#define SIG_DRV_MEMINFO_V1 (unsigned int *free_b, unsigned int *total_b)
-#define ARGS_DRV_MEMINFO_V1 (, free_b, total_b)
-#define SIG_DRV_GETPROC2 \
-    (const char *sym, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *status)
-#define ARGS_DRV_GETPROC2 (, sym, pfn, ver, flags, status)
-#define SIG_DRV_GETPROC1 (const char *sym, void **pfn, int ver, cuuint64_t flags)
-#define ARGS_DRV_GETPROC1 (, sym, pfn, ver, flags)
-
-/* The return address is read by the variant itself: the call that entered
- * the shim, the module that asked. */
-#define RA() ((uintptr_t)__builtin_return_address(0))
-#define EXPAND(...) __VA_ARGS__
-/* ARGS_ lists start with their comma: the return address comes first. */
-#define VARIANT(id, shape, v) VARIANT_(id, shape, v, SIG_##shape, ARGS_##shape)
-#define VARIANT_(id, shape, v, sig, args)                                              \
-    static CUresult CUDAAPI drv_##id##_##v sig                                         \
-    {                                                                                  \
-        return body_##shape(GG_HOOK_##id, v, RA() EXPAND args);                    \
+/* Variant v of a row: its signature, and whether its body is given the
+ * caller's return address (the call that entered the shim, the module that
+ * asked), from hook_shapes.def. */
+#define VARIANT(id, shape, v) GG_SHAPE(VARIANT_, shape, id, shape, v)
+#define VARIANT_(id, shape, v, ret, caller, params, args)                                   \
+    static ret CUDAAPI drv_##id##_##v params                                                \
+    {                                                                                       \
+        return body_##shape(GG_HOOK_##id, v GG_SHAPE_CALLER_##caller GG_SHAPE_ARGS args);   \
     }
 
 /* variant v of a row exported under `name`, as libcuda exports it (no
