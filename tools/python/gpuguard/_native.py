@@ -159,6 +159,10 @@ STATS_FIELDS = tuple(name for name, _ in GpuguardStats._fields_)
 
 _INT_MAX = 2 ** 31 - 1
 
+#: What a call through Native may raise: an argument ctypes cannot convert,
+#: a value out of range, a function this library object lacks.
+ERRORS = (ctypes.ArgumentError, TypeError, ValueError, OverflowError, AttributeError, KeyError)
+
 
 def _clamp_int(v):
     v = int(v)

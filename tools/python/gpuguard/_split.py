@@ -67,14 +67,14 @@ def _rebuild(like, items):
         return type(like)(*items)
     try:
         return type(like)(items)
-    except Exception:  # a container type with another constructor
+    except (TypeError, ValueError):  # a container type with another constructor
         return list(items) if isinstance(like, list) else tuple(items)
 
 
 def _rebuild_mapping(like, pairs):
     try:
         return type(like)(pairs)
-    except Exception:  # e.g. a Mapping whose constructor wants more
+    except (TypeError, ValueError):  # e.g. a Mapping whose constructor wants more
         return dict(pairs)
 
 

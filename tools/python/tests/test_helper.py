@@ -26,7 +26,7 @@ if PYDIR not in sys.path:
     sys.path.insert(0, PYDIR)
 
 import gpuguard                                    # noqa: E402
-from gpuguard import _native, _split               # noqa: E402
+from gpuguard import _native, _split, trainer      # noqa: E402
 
 SIG = signal.SIGUSR2
 
@@ -280,6 +280,37 @@ class GuardTest(Base):
         self.assertIn("in test_signal_sets_flag_and_attaches_python_stack", last)
         self.assertLessEqual(len(note), gpuguard.NOTE_LIMIT + 512)
 
+    def test_a_failing_handler_is_counted_never_raised(self):
+        """The signal handler's note fails with an error nobody expects: the
+        loop never sees it, the flag is still set, and the error is counted
+        at its place (said on stderr only under GPUGUARD_DEBUG)."""
+        from gpuguard import _debug
+        g = self.guard(32)
+        before = _debug.counts.get(("trainer.Guard._on_signal", "LookupError"), 0)
+
+        def broken(text):
+            raise LookupError("no codec")
+        g._native.note = broken
+        os.kill(os.getpid(), SIG)
+        self.assertTrue(wait_for(lambda: g._flag))
+        self.assertEqual(_debug.counts[("trainer.Guard._on_signal", "LookupError")], before + 1)
+
+    def test_debug_says_what_was_swallowed_only_when_asked(self):
+        code = ("from gpuguard import _debug\n"
+                "_debug.swallowed('here', KeyError('k'))\n"
+                "_debug.swallowed('here', KeyError('k'))\n")
+        for value, said in (("1", True), ("", False), ("0", False)):
+            env = dict(os.environ, PYTHONPATH=PYDIR, GPUGUARD_DEBUG=value)
+            p = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, universal_newlines=True)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            if said:
+                self.assertEqual(p.stderr.count("gpuguard: debug: here swallowed KeyError"), 1,
+                                 p.stderr)
+                self.assertIn("swallowed 2 exception(s): here KeyError x2", p.stderr)
+            else:
+                self.assertEqual(p.stderr, "")
+
     def test_flag_without_advice_still_requests(self):
         g = self.guard(8)
         os.kill(os.getpid(), SIG)
@@ -444,7 +475,7 @@ class GuardTest(Base):
     def test_stack_trimmed(self):
         def ping(n):
             if n == 0:
-                return gpuguard._format_stack(sys._getframe())
+                return trainer._format_stack(sys._getframe())
             return pong(n - 1)
 
         def pong(n):
