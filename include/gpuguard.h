@@ -64,6 +64,21 @@ struct gpuguard_pyframe {
     int line;                      /* the line being run */
 };
 
+/* What an input of a given size will need (gpuguard_predict): the shim's
+ * model of the run, fitted from its steps' (tokens, peak) pairs. Bytes are
+ * device-wide, as the near-miss line is. */
+struct gpuguard_prediction {
+    unsigned long long bytes;      /* the predicted peak of a step with that input */
+    unsigned long long margin;     /* what to add before comparing with the line: the
+                                      fit's noise, and more the farther beyond the
+                                      largest input seen */
+    unsigned long long line;       /* the device's near-miss line */
+    unsigned long long steps;      /* steps the model was fitted from */
+    unsigned long long most_tokens; /* the largest input (elements) of those steps */
+    int beyond;                    /* 1: the input is larger than any seen */
+    int quadratic;                 /* 1: the fit has a quadratic term (the data said so) */
+};
+
 /* What the shim asks of PyTorch's instrumentation (gpuguard_torch_attach):
  * PyTorch's view of its memory (why set), and/or its allocation history
  * turned on or off. */
@@ -140,6 +155,11 @@ void gpuguard_step_shape(const long long *dims, int ndims, int batch_dim);
  * (PyTorch's allocated bytes at the step's peak), told before
  * gpuguard_step ends the step. */
 void gpuguard_step_needed(int dev, unsigned long long bytes);
+/* The peak predicted for a step whose input has `tokens` elements on
+ * device dev: 0 and *out filled; 1: no model yet (too few steps with a
+ * shape, or inputs that do not vary), only out->line and out->steps filled;
+ * -1: no such device, or the guard is not active. */
+int gpuguard_predict(int dev, unsigned long long tokens, struct gpuguard_prediction *out);
 /* The program is ending with an uncaught error (an exception's type and
  * message): the summary carries it. */
 void gpuguard_uncaught(const char *what);
@@ -305,6 +325,20 @@ static inline void gpuguard_step_needed(int dev, unsigned long long bytes)
         memcpy(&fn, &p, sizeof fn);
         fn(dev, bytes);
     }
+}
+
+/* The peak predicted for an input of `tokens` elements on device dev: 0
+ * and *out filled, 1: no model yet, -1: no shim, device, or guard. */
+static inline int gpuguard_predict(int dev, unsigned long long tokens,
+                                   struct gpuguard_prediction *out)
+{
+    static void *slot;
+    int (*fn)(int, unsigned long long, struct gpuguard_prediction *);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_predict");
+    if (!p)
+        return -1;
+    memcpy(&fn, &p, sizeof fn);
+    return fn(dev, tokens, out);
 }
 
 /* The program is ending with an uncaught error. */

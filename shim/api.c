@@ -9,6 +9,7 @@
 #include "life.h"
 #include "gpuguard.h"
 #include "ledger.h"
+#include "steps.h"
 #include "prim.h"
 #include "react.h"
 #include "torch.h"
@@ -119,6 +120,29 @@ GG_EXPORT void gpuguard_step_needed(int dev, unsigned long long bytes)
         gg_trace_api("needed", dev, (long long)bytes);
     gg_life_needed(dev, bytes);
     gg_outside(was);
+}
+
+GG_EXPORT int gpuguard_predict(int dev, unsigned long long tokens,
+                               struct gpuguard_prediction *out)
+{
+    struct gg_device *d = gg_active() ? gg_device(dev) : NULL;
+    if (!out || !d)
+        return -1;
+    int was = gg_inside();
+    struct gg_steps_model m;
+    bool ok = gg_steps_model(dev, tokens, &m);
+    memset(out, 0, sizeof *out);
+    out->line = d->limit > d->near ? d->limit - d->near : 0;
+    out->steps = m.steps;
+    out->most_tokens = m.most_tokens;
+    if (ok) {
+        out->bytes = m.bytes;
+        out->margin = m.margin;
+        out->beyond = m.beyond;
+        out->quadratic = m.quadratic;
+    }
+    gg_outside(was);
+    return ok ? 0 : 1;
 }
 
 GG_EXPORT void gpuguard_uncaught(const char *what)

@@ -117,6 +117,23 @@ void gg_steps_flushed(int dev);
 bool gg_steps_predict(const struct gg_device *d, int dev, uint64_t tokens, uint64_t *bytes,
                       bool *beyond, uint64_t *at_most);
 
+/* The run's memory model on device dev: what a step needs against its
+ * input's tokens, fitted by least squares from every step that told its
+ * shape (running sums: it lives as long as the run, whatever the trainer's
+ * batch changes). Linear, with a quadratic term when the data say so (it
+ * halves the residual, with enough distinct inputs). The need is the
+ * step's device-wide need where the tensors' need was told (the cache
+ * holds more after a longer step), else its device-wide peak. */
+struct gg_steps_model {
+    uint64_t steps;         /* steps in the fit */
+    uint64_t most_tokens;   /* the largest input seen */
+    uint64_t bytes;         /* the prediction for the input asked */
+    uint64_t margin;        /* 2 sigma of the fit, + 10% per doubling beyond the largest */
+    bool beyond, quadratic;
+};
+/* False (out->steps still filled) when there is no model yet. */
+bool gg_steps_model(int dev, uint64_t tokens, struct gg_steps_model *out);
+
 /* ---- leaks ----------------------------------------------------------------- */
 
 /* The leak suspected on device dev was said (a `leak` line) at the rate
