@@ -216,6 +216,15 @@ def _ceil_div(a, b):
     return -(-a // b)
 
 
+def _grouped(n):
+    """7556 -> '7 556': a number as the lines print it."""
+    return "{:,}".format(int(n)).replace(",", " ")
+
+
+def _gib(n):
+    return "%.1f GiB" % (n / float(1 << 30))
+
+
 class MicroBatch(object):
     """One piece of a batch.
 
@@ -375,6 +384,14 @@ class Guard(object):
         self.ooms = 0
         self._running = _Running()  # per thread, the piece a loop is on (backward())
         self._said_bare = False  # run() said once that it halves without the shim
+        #: How the batches ran, counted when each ends: whole, split_by_shape
+        #: (the shim's model predicted the batch whole would cross the
+        #: near-miss line), split (by an advice, the policy or an earlier OOM,
+        #: before the model had data), redone (after an out-of-memory error).
+        self.sizing = {"whole": 0, "split_by_shape": 0, "split": 0, "redone": 0}
+        self._this = None        # how the batch in progress runs (a key of sizing)
+        self._predicted = False  # the model sized a batch: say the counts at exit
+        self._said_beyond = False
         # The last batch's step is told at exit too (the next boundary never comes).
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().finish())
@@ -537,13 +554,15 @@ class Guard(object):
             except Exception as exc:  # the instrumentation's (torch's) or the shim's: never the loop's
                 _debug.swallowed("trainer.Guard.step", exc)
 
-    def _boundary(self):
+    def _boundary(self, batch=None):
         """A batch boundary: the single place where the previous batch's
         step ends and an advice takes effect. Returns the split for the
-        batch that starts now, agreed with every rank."""
+        batch that starts now, agreed with every rank: the one its shape
+        asks for once the shim's model can predict it, else as advised."""
         with self._lock:
             if self._batches:
                 self.step()  # gpuguard_step: the previous batch, its optimizer step included
+                self._count_batch()
             self._batches += 1
             want, why = self._split, None
             if self._batches == 1 and self.active:
@@ -554,9 +573,19 @@ class Guard(object):
                 want = max(want, self._split_for(adv["batch_size"], halve=False))
                 self._native.ack(adv["seq"])
                 why = "advice #%d, %s" % (adv["seq"], adv["reason"])
+            sized = self._size_by_shape(batch) if batch is not None else None
+            if sized is not None:
+                # The model knows the batch that caused an advice: the batch
+                # now runs as its own shape asks, whole when it fits.
+                want, why = sized[0], "shape"
             agreed = self._agree([want])
             if agreed is not None and agreed[0] > want:
-                want, why = agreed[0], why or "another rank was advised"
+                want, why = agreed[0], why if why == "shape" and sized[0] > 1 else (
+                    why or "another rank was advised")
+            self._this = ("whole" if want == 1 else
+                          "split_by_shape" if why == "shape" else "split")
+            if sized is not None and sized[0] > 1:
+                self._say_shape(sized, want)
             if want != self._split:
                 self._set_split(want, why)
             elif adv is not None:
@@ -601,9 +630,83 @@ class Guard(object):
         _empty_cache(_torch())
         self.history.append({"batch": self._batches, "split": split,
                              "micro_batch_size": micro, "reason": why})
-        log.warning("gpuguard: from batch %d on, each batch of %d is split into %d "
-                    "micro-batches of at most %d (%s)", self._batches, self._batch,
-                    split, micro, why)
+        if why != "shape":  # a split by shape is said per batch (_say_shape)
+            log.warning("gpuguard: from batch %d on, each batch of %d is split into %d "
+                        "micro-batches of at most %d (%s)", self._batches, self._batch,
+                        split, micro, why)
+
+    # --- sizing each batch by its shape ---------------------------------------
+
+    def _size_by_shape(self, batch):
+        """(pieces, prediction, shape, tokens) for `batch` from the shim's
+        model of the run (gpuguard_predict): one piece when the whole batch
+        is predicted under the near-miss line, else the fewest pieces whose
+        largest is; None when there is no model yet (or no shim that has
+        one, or nothing in the batch to measure): the split then stays as
+        advised. The input's shape is told to the shim here (the step's
+        tokens, what the model learns from)."""
+        if not self.active or not self._native.has("gpuguard_predict"):
+            return None
+        try:
+            shape = _split.input_shape(batch)
+            n = _split.batch_length(batch)
+            if not shape or not n or shape[0] != n:
+                return None
+            tokens = 1
+            for d in shape:
+                tokens *= d
+            dev = _device()
+            whole = self._native.predict(dev, tokens)
+            if whole is None or not whole["model"]:
+                self._native.shape(shape, 0)
+                return None
+            self._predicted = True
+            fits = whole["bytes"] + whole["margin"] <= whole["line"]
+            pieces, most = 1, max(1, _ceil_div(n, self._min))
+            last = None
+            while not fits and pieces < most:
+                pieces += 1
+                size = _ceil_div(n, pieces)
+                if size == last:
+                    continue
+                last = size
+                p = self._native.predict(dev, tokens * size // n)
+                fits = p is not None and p["bytes"] + p["margin"] <= p["line"]
+            self._native.shape((_ceil_div(n, pieces),) + tuple(shape[1:]), 0)
+            return pieces, whole, shape, tokens
+        except _native.ERRORS as exc:
+            _debug.swallowed("trainer.Guard._size_by_shape", exc)
+            return None
+
+    def _say_shape(self, sized, pieces):
+        """One line per batch split by its shape; once, that a batch lies
+        beyond every input the model has seen."""
+        mine, p, shape, tokens = sized
+        log.warning("gpuguard: batch %d: %s tokens, predicted %s%s over the %s line: %d pieces%s",
+                    self._batches, " x ".join(_grouped(d) for d in shape), _gib(p["bytes"]),
+                    " + %s margin" % _gib(p["margin"]) if p["bytes"] <= p["line"] else "",
+                    _gib(p["line"]), pieces,
+                    " (%d here, more on another rank)" % mine if pieces > mine else "")
+        if p["beyond"] and not self._said_beyond:
+            self._said_beyond = True
+            log.warning("gpuguard: batch %d is larger than any the run has seen (%s tokens, "
+                        "the largest so far %s): split by the prediction plus a margin of %s "
+                        "for the extrapolation", self._batches, _grouped(tokens),
+                        _grouped(p["most_tokens"]), _gib(p["margin"]))
+
+    def _count_batch(self):
+        if self._this is not None:
+            self.sizing[self._this] += 1
+            self._this = None
+
+    def _say_sizing(self):
+        if not self._predicted:
+            return
+        n = sum(self.sizing.values())
+        log.warning("gpuguard: %d batches: %d whole, %d split by their shape, %d redone after "
+                    "a refusal or an out-of-memory error, %d split as advised",
+                    n, self.sizing["whole"], self.sizing["split_by_shape"],
+                    self.sizing["redone"], self.sizing["split"])
 
     def _pieces(self, batch, split):
         parts = _split.split(batch, split)
@@ -634,7 +737,7 @@ class Guard(object):
         rank calls it for every batch: one all-reduce (MAX) of the split
         makes every rank split alike, whichever rank was advised.
         """
-        return self._pieces(batch, self._boundary())
+        return self._pieces(batch, self._boundary(batch))
 
     def run(self, batch, step, zero_grad):
         """Runs ``step(mb)`` (forward and backward of one micro-batch) for
@@ -692,6 +795,7 @@ class Guard(object):
             if not need:
                 return
             zero_grad()
+            self._this = "redone"
             self._set_split(need, "out of memory" if need == local[0]
                             else "another rank ran out of memory")
             pieces = self._pieces(batch, self._split)
@@ -732,6 +836,9 @@ class Guard(object):
         with self._lock:
             if self._batches > self._steps:
                 self.step()
+            if self._this is not None:
+                self._count_batch()
+                self._say_sizing()
 
     def _split_after_oom(self, batch, pieces):
         """The split to retry with after an OOM (a pending advice is acked:
