@@ -661,22 +661,43 @@ class Guard(object):
                 self._native.shape(shape, 0)
                 return None
             self._predicted = True
-            fits = whole["bytes"] + whole["margin"] <= whole["line"]
+            need = whole["bytes"] + whole["margin"]
             pieces, most = 1, max(1, _ceil_div(n, self._min))
             last = None
-            while not fits and pieces < most:
+            while need > whole["line"] and pieces < most:
                 pieces += 1
                 size = _ceil_div(n, pieces)
                 if size == last:
                     continue
                 last = size
                 p = self._native.predict(dev, tokens * size // n)
-                fits = p is not None and p["bytes"] + p["margin"] <= p["line"]
+                if p is None or not p["model"]:
+                    break
+                need = p["bytes"] + p["margin"]
             self._native.shape((_ceil_div(n, pieces),) + tuple(shape[1:]), 0)
+            self._make_room(dev, need, whole["line"])
             return pieces, whole, shape, tokens
         except _native.ERRORS as exc:
             _debug.swallowed("trainer.Guard._size_by_shape", exc)
             return None
+
+    def _make_room(self, dev, need, line):
+        """Empties PyTorch's cache before a batch whose predicted peak,
+        beside the cache's idle blocks, would reach the line: the blocks a
+        run of other shapes left may not fit this one's tensors (the cache's
+        layout, not their demand), and PyTorch would free them only after a
+        failed allocation (a refusal, or a real OOM it recovers from)."""
+        torch = _torch()
+        cuda = getattr(torch, "cuda", None)
+        try:
+            if cuda is None or not cuda.is_initialized():
+                return
+            idle = int(cuda.memory_reserved(dev)) - int(cuda.memory_allocated(dev))
+        except Exception as exc:  # torch's, whatever it raises: nothing emptied
+            _debug.swallowed("trainer.Guard._make_room", exc)
+            return
+        if idle > 0 and need + idle > line:
+            _empty_cache(torch)
 
     def _say_shape(self, sized, pieces):
         """One line per batch split by its shape; once, that a batch lies
