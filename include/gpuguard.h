@@ -69,9 +69,9 @@ struct gpuguard_pyframe {
  * device-wide, as the near-miss line is. */
 struct gpuguard_prediction {
     unsigned long long bytes;      /* the predicted peak of a step with that input */
-    unsigned long long margin;     /* what to add before comparing with the line: the
-                                      fit's noise, and more the farther beyond the
-                                      largest input seen */
+    unsigned long long margin;     /* what to add before comparing with the line: 2
+                                      sigma of the fit, and beyond the largest input
+                                      seen 15% of the growth predicted past it */
     unsigned long long line;       /* the device's near-miss line */
     unsigned long long steps;      /* steps the model was fitted from */
     unsigned long long most_tokens; /* the largest input (elements) of those steps */

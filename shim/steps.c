@@ -422,6 +422,7 @@ void gg_steps_now(int dev, struct gg_steps_now *out)
 #define MODEL_MIN 3           /* steps with a shape before a model is believed */
 #define MODEL_X 1e3           /* tokens per unit of x (the sums stay well inside a double) */
 #define MODEL_Y 1048576.0     /* bytes per unit of y */
+#define MODEL_BEYOND 0.15     /* margin: the share of the growth predicted beyond the largest */
 
 /* Least-squares sums of (x, y) over every step with a shape; under st[].lock. */
 static struct model {
@@ -499,8 +500,10 @@ bool gg_steps_model(int dev, uint64_t tokens, struct gg_steps_model *out)
     double sigma = m.n > params ? sqrt(sse / (m.n - params)) : 0;
     double margin = 2 * sigma;
     out->beyond = (double)tokens > m.most;
-    if (out->beyond && m.most > 0)
-        margin += fmax(y, 0) * 0.10 * log2((double)tokens / m.most) + fmax(y, 0) * 0.05;
+    if (out->beyond) { /* the extrapolation: 15% of the growth beyond the largest seen */
+        double xm = m.most / MODEL_X;
+        margin += MODEL_BEYOND * fmax(y - (a + b * xm + c * xm * xm), 0);
+    }
     out->bytes = y > 0 ? (uint64_t)(y * MODEL_Y) : 0;
     out->margin = (uint64_t)(margin * MODEL_Y);
     return true;

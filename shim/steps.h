@@ -128,7 +128,7 @@ struct gg_steps_model {
     uint64_t steps;         /* steps in the fit */
     uint64_t most_tokens;   /* the largest input seen */
     uint64_t bytes;         /* the prediction for the input asked */
-    uint64_t margin;        /* 2 sigma of the fit, + 10% per doubling beyond the largest */
+    uint64_t margin;        /* 2 sigma of the fit, + 15% of the growth beyond the largest */
     bool beyond, quadratic;
 };
 /* False (out->steps still filled) when there is no model yet. */
