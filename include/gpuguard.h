@@ -139,6 +139,10 @@ int gpuguard_advice(struct gpuguard_advice *out);
 void gpuguard_ack(unsigned seq);
 /* What the trainer runs now. */
 void gpuguard_set_batch(int batch_size, int grad_accum);
+/* The same, saying why (the `batch` event's reason: shape, advice, policy,
+ * oom; the first 15 characters kept). A change for "shape" (the batch
+ * sized by its input's predicted peak) keeps the step trend. */
+void gpuguard_set_batch_why(int batch_size, int grad_accum, const char *why);
 /* Attach text (a Python stack, say) to the journal as a `note` event. */
 void gpuguard_note(const char *text);
 /* A training step ended (docs/trainer.md, "Steps, forecasts and leaks"). */
@@ -276,6 +280,20 @@ static inline void gpuguard_set_batch(int batch_size, int grad_accum)
     if (p) {
         memcpy(&fn, &p, sizeof fn);
         fn(batch_size, grad_accum);
+    }
+}
+
+/* The same, saying why (an older shim: without the reason). */
+static inline void gpuguard_set_batch_why(int batch_size, int grad_accum, const char *why)
+{
+    static void *slot;
+    void (*fn)(int, int, const char *);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_set_batch_why");
+    if (p) {
+        memcpy(&fn, &p, sizeof fn);
+        fn(batch_size, grad_accum, why);
+    } else {
+        gpuguard_set_batch(batch_size, grad_accum);
     }
 }
 

@@ -78,21 +78,29 @@ GG_EXPORT void gpuguard_ack(unsigned seq)
     if (gg_tracing())
         gg_trace_api("ack", seq, 0);
     if (gg_advice_ack(seq, &now, &was))
-        gg_life_batch(now, was);
+        gg_life_batch(now, was, "advice");
     gg_outside(was_inside);
 }
 
-GG_EXPORT void gpuguard_set_batch(int batch_size, int grad_accum)
+GG_EXPORT void gpuguard_set_batch_why(int batch_size, int grad_accum, const char *why)
 {
     int was_inside = gg_inside();
     struct gg_batch was;
+    char reason[16] = "";
+    if (why) /* a short word: the trainer's, copied and cut */
+        snprintf(reason, sizeof reason, "%s", why);
     if (gg_tracing())
         gg_trace_api("batch", batch_size, grad_accum);
     bool changed = gg_advice_set_batch((struct gg_batch){batch_size, grad_accum}, &was);
     gg_life_registered();
     if (changed)
-        gg_life_batch((struct gg_batch){batch_size, grad_accum}, was);
+        gg_life_batch((struct gg_batch){batch_size, grad_accum}, was, why ? reason : NULL);
     gg_outside(was_inside);
+}
+
+GG_EXPORT void gpuguard_set_batch(int batch_size, int grad_accum)
+{
+    gpuguard_set_batch_why(batch_size, grad_accum, NULL);
 }
 
 GG_EXPORT void gpuguard_step(unsigned long long step)

@@ -387,7 +387,7 @@ void gg_events_leak(int dev, uint64_t step, const struct gg_step_verdict *v)
 }
 
 void gg_events_batch(int dev, struct gg_batch now, struct gg_batch was, const struct gg_window *w,
-                     bool final)
+                     bool final, const char *why)
 {
     struct gg_json j;
     if (!begin(&j, 256, EV(batch)))
@@ -404,6 +404,8 @@ void gg_events_batch(int dev, struct gg_batch now, struct gg_batch was, const st
     gg_json_ku64(&j, F(batch, live), w->live);
     if (final)
         gg_json_kbool(&j, F(batch, final), true);
+    if (why && *why)
+        gg_json_kstr(&j, F(batch, reason), why);
     end(&j);
 }
 

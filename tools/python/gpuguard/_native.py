@@ -35,7 +35,7 @@ FUNCTIONS = ("gpuguard_stats", "gpuguard_advice", "gpuguard_ack",
 OPTIONAL = ("gpuguard_step", "gpuguard_policy", "gpuguard_torch_attach",
             "gpuguard_torch_detach", "gpuguard_torch_view", "gpuguard_backward",
             "gpuguard_torch_raise", "gpuguard_step_shape", "gpuguard_step_needed",
-            "gpuguard_uncaught", "gpuguard_predict")
+            "gpuguard_uncaught", "gpuguard_predict", "gpuguard_set_batch_why")
 #: Called with the GIL held (it takes a reference to a Python object).
 _WITH_GIL = ("gpuguard_torch_raise",)
 
@@ -167,6 +167,7 @@ _SIGNATURES = {
     "gpuguard_step_shape": (None, [ctypes.POINTER(ctypes.c_longlong), ctypes.c_int, ctypes.c_int]),
     "gpuguard_step_needed": (None, [ctypes.c_int, ctypes.c_ulonglong]),
     "gpuguard_uncaught": (None, [ctypes.c_char_p]),
+    "gpuguard_set_batch_why": (None, [ctypes.c_int, ctypes.c_int, ctypes.c_char_p]),
     "gpuguard_predict": (ctypes.c_int, [ctypes.c_int, ctypes.c_ulonglong,
                                         ctypes.POINTER(GpuguardPrediction)]),
 }
@@ -237,8 +238,14 @@ class Native(object):
     def ack(self, seq):
         self._fn["gpuguard_ack"](int(seq) & 0xFFFFFFFF)
 
-    def set_batch(self, batch_size, grad_accum):
-        self._fn["gpuguard_set_batch"](_clamp_int(batch_size), _clamp_int(grad_accum))
+    def set_batch(self, batch_size, grad_accum, why=None):
+        """gpuguard_set_batch, or with a reason (the `batch` event's: shape,
+        advice, policy, oom) gpuguard_set_batch_why where the shim has it."""
+        fn = self._fn.get("gpuguard_set_batch_why") if why else None
+        if fn is not None:
+            fn(_clamp_int(batch_size), _clamp_int(grad_accum), why.encode("ascii", "replace"))
+        else:
+            self._fn["gpuguard_set_batch"](_clamp_int(batch_size), _clamp_int(grad_accum))
 
     def note(self, text):
         if isinstance(text, str):

@@ -216,6 +216,19 @@ def _ceil_div(a, b):
     return -(-a // b)
 
 
+def _reason(why):
+    """The `batch` event's reason for a change of the split the helper
+    describes as `why`."""
+    text = why or ""
+    if text == "shape":
+        return "shape"
+    if text.startswith("policy"):
+        return "policy"
+    if "out of memory" in text:
+        return "oom"
+    return "advice" if text else None
+
+
 def _grouped(n):
     """7556 -> '7 556': a number as the lines print it."""
     return "{:,}".format(int(n)).replace(",", " ")
@@ -338,6 +351,9 @@ class Guard(object):
         default is GPUGUARD_SIGNAL when set, else SIGUSR2. The handler is
         installed only from the main thread, and chains to the Python
         handler it replaces.
+    size_by_shape: size each batch by its shape before it runs, once the
+        shim's model of the run can predict it (docs/trainer.md, "Sizing
+        each batch by its shape"); False: the split follows the advice only.
 
     Creating a Guard registers the trainer with the shim
     (gpuguard_set_batch): under ``mode = auto`` the process is enforced from
@@ -352,7 +368,7 @@ class Guard(object):
     """
 
     def __init__(self, batch_size, grad_accum=1, min_batch_size=1,
-                 signal=DEFAULT_SIGNAL):
+                 signal=DEFAULT_SIGNAL, size_by_shape=True):
         batch_size, grad_accum, min_batch_size = (
             int(batch_size), int(grad_accum), int(min_batch_size))
         if batch_size < 1:
@@ -392,6 +408,7 @@ class Guard(object):
         self._this = None        # how the batch in progress runs (a key of sizing)
         self._predicted = False  # the model sized a batch: say the counts at exit
         self._said_beyond = False
+        self._by_shape = bool(size_by_shape)
         # The last batch's step is told at exit too (the next boundary never comes).
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().finish())
@@ -626,7 +643,7 @@ class Guard(object):
         self._split = split
         micro = self.micro_batch_size
         if self.active:
-            self._native.set_batch(micro, self._accum * split)
+            self._native.set_batch(micro, self._accum * split, _reason(why))
         _empty_cache(_torch())
         self.history.append({"batch": self._batches, "split": split,
                              "micro_batch_size": micro, "reason": why})
@@ -645,7 +662,7 @@ class Guard(object):
         one, or nothing in the batch to measure): the split then stays as
         advised. The input's shape is told to the shim here (the step's
         tokens, what the model learns from)."""
-        if not self.active or not self._native.has("gpuguard_predict"):
+        if not self._by_shape or not self.active or not self._native.has("gpuguard_predict"):
             return None
         try:
             shape = _split.input_shape(batch)

@@ -236,7 +236,7 @@ class StructTest(unittest.TestCase):
                                             "gpuguard_torch_view", "gpuguard_backward",
                                             "gpuguard_torch_raise", "gpuguard_step_shape",
                                             "gpuguard_step_needed", "gpuguard_uncaught",
-                                            "gpuguard_predict"))
+                                            "gpuguard_predict", "gpuguard_set_batch_why"))
         self.assertIsNone(older.predict(0, 1000))          # a shim before the memory model
         self.assertFalse(older.has("gpuguard_torch_raise"))  # a shim before it: views swallow
         self.assertFalse(older.has("gpuguard_torch_view"))   # a shim before the instrumentation
@@ -597,6 +597,14 @@ class ShapeShim(StepShim):
         self.asked, self.shapes = [], []
         self.gpuguard_predict = self.PREDICT(self._predict)
         self.gpuguard_step_shape = self.SHAPE(self._shape)
+        self.whys = []
+        self.gpuguard_set_batch_why = self.SET_BATCH_WHY(self._set_batch_why)
+
+    SET_BATCH_WHY = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_char_p)
+
+    def _set_batch_why(self, b, a, why):
+        self._set_batch(b, a)
+        self.whys.append(why.decode() if why else None)
 
     def _shape(self, dims, n, batch_dim):
         shape = tuple(dims[i] for i in range(n))
@@ -639,6 +647,7 @@ class SizingTest(Base):
         with self.assertLogs("gpuguard", logging.WARNING) as logs:
             self.assertEqual(len(g.microbatches(tokens(8, 500))), 2)  # advised: halved, kept
         self.assertIn("(advice #1, near_miss)", logs.output[0])
+        self.assertEqual(self.fake.whys, ["advice"])
         self.assertEqual(len(g.microbatches(tokens(8, 500))), 2)
         self.assertEqual([s for s, _ in self.fake.shapes], [(8, 7556), (8, 500), (8, 500)])
         g.finish()
@@ -666,6 +675,7 @@ class SizingTest(Base):
         # the shim hears the piece's shape (what the step's peak follows) and the batch
         self.assertEqual(self.fake.shapes[2], ((4, 7556), 0))
         self.assertEqual(self.fake.set_calls[1:], [(4, 2), (8, 1)])
+        self.assertEqual(self.fake.whys, ["shape", "shape"])     # the batch events' reason
         self.assertEqual([h["reason"] for h in g.history], ["shape", "shape"])
 
     def test_the_split_grows_back_after_an_advice(self):
