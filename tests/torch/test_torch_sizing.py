@@ -82,6 +82,10 @@ class Sizing(TorchCase):
         self.assertIn("gpuguard: 60 batches: %d whole, %d split by their shape, 0 redone"
                       % (60 - len(split), len(split)), run.err)
         self.assertLessEqual(run.summary()["peak_used"], LIMIT)
+        # each change of the split is a batch line saying why: the shape
+        changes = [e for e in run.of("batch") if not e.get("final") and "was_batch_size" in e]
+        self.assertEqual(len(changes), 2 * len(split))          # split, then whole again
+        self.assertEqual({e.get("reason") for e in changes}, {"shape"})
 
     def test_growing_shapes_split_step_by_step_and_grow_back(self):
         args = ("--lengths", "growshrink", "--batches", "28", "--seq", "512", "--grow", "512",
