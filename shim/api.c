@@ -144,6 +144,7 @@ GG_EXPORT int gpuguard_predict(int dev, unsigned long long tokens,
     out->steps = m.steps;
     out->most_tokens = m.most_tokens;
     if (ok) {
+        gg_steps_asked(dev, tokens, m.bytes);
         out->bytes = m.bytes;
         out->margin = m.margin;
         out->beyond = m.beyond;

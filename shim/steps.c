@@ -458,6 +458,17 @@ static double det3(const double a[3][3])
            a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]);
 }
 
+/* The last prediction asked per device, for the step in progress. */
+static _Atomic uint64_t asked_tokens[GG_MAX_DEVICES], asked_bytes[GG_MAX_DEVICES];
+
+void gg_steps_asked(int dev, uint64_t tokens, uint64_t bytes)
+{
+    if ((unsigned)dev >= GG_MAX_DEVICES)
+        return;
+    atomic_store_explicit(&asked_bytes[dev], bytes, memory_order_relaxed);
+    atomic_store_explicit(&asked_tokens[dev], tokens, memory_order_relaxed);
+}
+
 bool gg_steps_model(int dev, uint64_t tokens, struct gg_steps_model *out)
 {
     memset(out, 0, sizeof *out);
@@ -506,6 +517,10 @@ bool gg_steps_model(int dev, uint64_t tokens, struct gg_steps_model *out)
     }
     out->bytes = y > 0 ? (uint64_t)(y * MODEL_Y) : 0;
     out->margin = (uint64_t)(margin * MODEL_Y);
+    out->intercept = a * MODEL_Y;
+    out->per_token = b * MODEL_Y / MODEL_X;
+    out->per_token2 = c * MODEL_Y / (MODEL_X * MODEL_X);
+    out->sigma = sigma * MODEL_Y;
     return true;
 }
 
@@ -522,6 +537,11 @@ void gg_steps_boundary(struct gg_device *d, int dev, uint64_t step, bool do_fore
     out->has_needed = need1 != 0;
     out->needed = need1 ? need1 - 1 : 0;
     out->flushes = atomic_exchange_explicit(&flushes[dev], 0, memory_order_relaxed);
+    uint64_t asked = atomic_exchange_explicit(&asked_tokens[dev], 0, memory_order_relaxed);
+    if (asked && out->input.ndims && asked == out->input.tokens) {
+        out->has_predicted = true;
+        out->predicted = atomic_load_explicit(&asked_bytes[dev], memory_order_relaxed);
+    }
     struct steps *s = &st[dev];
     /* A signal handler's boundary on this thread, or another thread's at
      * the same moment: this one is counted in the next window. */

@@ -68,6 +68,8 @@ struct gg_step_verdict {
     bool has_needed;
     uint64_t needed;        /* what its tensors held at its peak, when told */
     uint64_t flushes;       /* failures recovered in it by a cache flush (retry.h) */
+    bool has_predicted;
+    uint64_t predicted;     /* the peak predicted for its input before it ran (gpuguard_predict) */
     bool journal;           /* write its `step` line (bounded: see steps.c) */
     bool forecast;          /* the trend crosses the near-miss line */
     uint64_t fc_step;       /* ... at this step */
@@ -130,9 +132,15 @@ struct gg_steps_model {
     uint64_t bytes;         /* the prediction for the input asked */
     uint64_t margin;        /* 2 sigma of the fit, + 15% of the growth beyond the largest */
     bool beyond, quadratic;
+    /* the fit: bytes = intercept + per_token x tokens + per_token2 x tokens^2, +- sigma */
+    double intercept, per_token, per_token2, sigma;
 };
 /* False (out->steps still filled) when there is no model yet. */
 bool gg_steps_model(int dev, uint64_t tokens, struct gg_steps_model *out);
+/* The trainer asked the prediction for an input of `tokens` on device dev
+ * (gpuguard_predict): when the step in progress's input has those tokens,
+ * its step line says what was predicted for it. */
+void gg_steps_asked(int dev, uint64_t tokens, uint64_t bytes);
 
 /* ---- leaks ----------------------------------------------------------------- */
 

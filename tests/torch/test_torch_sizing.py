@@ -82,6 +82,15 @@ class Sizing(TorchCase):
         self.assertIn("gpuguard: 60 batches: %d whole, %d split by their shape, 0 redone"
                       % (60 - len(split), len(split)), run.err)
         self.assertLessEqual(run.summary()["peak_used"], LIMIT)
+        # each sized step's line says what was predicted for it, within 10%
+        predicted = [e for e in run.of("step") if "predicted" in e]
+        self.assertGreaterEqual(len(predicted), 50)
+        for e in predicted:
+            need = e["needed"] + e["peak_used"] - e["peak"]
+            self.assertLess(abs(e["predicted"] - need), 0.1 * need, e)
+        model = run.summary()["model"]
+        self.assertEqual(model["steps"], 60)
+        self.assertGreater(model["per_token"], 0)
         # each change of the split is a batch line saying why: the shape
         changes = [e for e in run.of("batch") if not e.get("final") and "was_batch_size" in e]
         self.assertEqual(len(changes), 2 * len(split))          # split, then whole again

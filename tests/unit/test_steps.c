@@ -386,6 +386,20 @@ static void test_memory_model(void)
         /* 15% of what it grows past the largest seen, on top of the noise */
         double grown = (double)m.bytes - (double)at.bytes;
         CHECK(fabs((double)(m.margin - margin_in) - 0.15 * grown) < 0.01 * grown);
+        CHECK(fabs(m.per_token - (dev == 1 ? 192.0 * 1024 : 64.0 * 1024)) <
+              (dev == 1 ? 0.01 * 192 * 1024 : 0.2 * 64 * 1024));
+        /* the prediction asked for the next step's input: its line says it */
+        struct gg_step_verdict v;
+        struct gg_shape in = {.ndims = 2, .batch_dim = 0, .dims = {8, 1000}, .tokens = 8000};
+        gg_steps_asked(dev, 8000, 5 * GiB);
+        gg_steps_boundary(d, dev, 41, false, &in, &v);
+        CHECK(v.has_predicted && v.predicted == 5 * GiB);
+        gg_steps_asked(dev, 8000, 5 * GiB);   /* asked for another input than the step's */
+        in.tokens = 9000;
+        gg_steps_boundary(d, dev, 42, false, &in, &v);
+        CHECK(!v.has_predicted);
+        gg_steps_boundary(d, dev, 43, false, &in, &v); /* one step only */
+        CHECK(!v.has_predicted);
     }
     gg_device_count = 1;
 }
