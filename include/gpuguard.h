@@ -77,6 +77,9 @@ struct gpuguard_prediction {
     unsigned long long most_tokens; /* the largest input (elements) of those steps */
     int beyond;                    /* 1: the input is larger than any seen */
     int quadratic;                 /* 1: the fit has a quadratic term (the data said so) */
+    unsigned long long max_tokens; /* the policy's [trainer] max_tokens: the largest input
+                                      per micro-batch known to fit (0: none); filled with
+                                      line, also when there is no model yet */
 };
 
 /* What the shim asks of PyTorch's instrumentation (gpuguard_torch_attach):

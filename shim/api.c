@@ -143,6 +143,7 @@ GG_EXPORT int gpuguard_predict(int dev, unsigned long long tokens,
     out->line = d->limit > d->near ? d->limit - d->near : 0;
     out->steps = m.steps;
     out->most_tokens = m.most_tokens;
+    out->max_tokens = (unsigned long long)gg_device_policy(dev)->s.max_tokens;
     if (ok) {
         gg_steps_asked(dev, tokens, m.bytes);
         out->bytes = m.bytes;

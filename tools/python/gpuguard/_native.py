@@ -80,6 +80,7 @@ class GpuguardPrediction(ctypes.Structure):
         ("most_tokens", ctypes.c_ulonglong),
         ("beyond", ctypes.c_int),
         ("quadratic", ctypes.c_int),
+        ("max_tokens", ctypes.c_ulonglong),
     ]
 
 

@@ -674,25 +674,30 @@ class Guard(object):
                 tokens *= d
             dev = _device()
             whole = self._native.predict(dev, tokens)
-            if whole is None or not whole["model"]:
+            cap = whole["max_tokens"] if whole is not None else 0   # the policy's
+            if whole is None or not (whole["model"] or cap > 0):
                 self._native.shape(shape, 0)
                 return None
             self._predicted = True
-            need = whole["bytes"] + whole["margin"]
+            model = whole["model"]
+            need = whole["bytes"] + whole["margin"] if model else 0
             pieces, most = 1, max(1, _ceil_div(n, self._min))
             last = None
-            while need > whole["line"] and pieces < most:
+            over = lambda need, t: need > whole["line"] or 0 < cap < t  # noqa: E731
+            while over(need, tokens * _ceil_div(n, pieces) // n) and pieces < most:
                 pieces += 1
                 size = _ceil_div(n, pieces)
                 if size == last:
                     continue
                 last = size
-                p = self._native.predict(dev, tokens * size // n)
-                if p is None or not p["model"]:
-                    break
-                need = p["bytes"] + p["margin"]
+                if model:
+                    p = self._native.predict(dev, tokens * size // n)
+                    if p is None or not p["model"]:
+                        break
+                    need = p["bytes"] + p["margin"]
             self._native.shape((_ceil_div(n, pieces),) + tuple(shape[1:]), 0)
-            self._make_room(dev, need, whole["line"])
+            if model:
+                self._make_room(dev, need, whole["line"])
             return pieces, whole, shape, tokens
         except _native.ERRORS as exc:
             _debug.swallowed("trainer.Guard._size_by_shape", exc)
@@ -720,11 +725,16 @@ class Guard(object):
         """One line per batch split by its shape; once, that a batch lies
         beyond every input the model has seen."""
         mine, p, shape, tokens = sized
+        more = " (%d here, more on another rank)" % mine if pieces > mine else ""
+        if not p["model"] or p["bytes"] + p["margin"] <= p["line"]:  # the policy's cap
+            log.warning("gpuguard: batch %d: %s tokens, over the policy's max_tokens %s: "
+                        "%d pieces%s", self._batches, " x ".join(_grouped(d) for d in shape),
+                        _grouped(p["max_tokens"]), pieces, more)
+            return
         log.warning("gpuguard: batch %d: %s tokens, predicted %s%s over the %s line: %d pieces%s",
                     self._batches, " x ".join(_grouped(d) for d in shape), _gib(p["bytes"]),
                     " + %s margin" % _gib(p["margin"]) if p["bytes"] <= p["line"] else "",
-                    _gib(p["line"]), pieces,
-                    " (%d here, more on another rank)" % mine if pieces > mine else "")
+                    _gib(p["line"]), pieces, more)
         if p["beyond"] and not self._said_beyond:
             self._said_beyond = True
             log.warning("gpuguard: batch %d is larger than any the run has seen (%s tokens, "

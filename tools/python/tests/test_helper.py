@@ -595,6 +595,7 @@ class ShapeShim(StepShim):
         self.beyond_share = 5       # beyond the largest input told: + 1/5 of the prediction
         self.most = 0
         self.asked, self.shapes = [], []
+        self.max_tokens = 0
         self.gpuguard_predict = self.PREDICT(self._predict)
         self.gpuguard_step_shape = self.SHAPE(self._shape)
         self.whys = []
@@ -618,6 +619,7 @@ class ShapeShim(StepShim):
         self.asked.append(tokens)
         p = out.contents
         p.line, p.steps, p.most_tokens = self.LINE, len(self.shapes), self.most
+        p.max_tokens = self.max_tokens
         if not self.ready:
             return 1
         p.bytes = self.base + self.per_token * tokens
@@ -705,6 +707,19 @@ class SizingTest(Base):
                       "so far 8 000)", said[0])
         self.assertEqual(len(g.microbatches(tokens(8, 4000))), 2)   # pieces seen, not the whole
         self.assertEqual(len(g.microbatches(tokens(8, 1500))), 1)   # within what was seen
+
+    def test_the_policys_max_tokens_applies_from_the_first_batch(self):
+        g = self.guard(8)
+        self.fake.max_tokens = 8 * 2000                 # [trainer] max_tokens = 16000
+        with self.assertLogs("gpuguard", logging.WARNING) as logs:
+            self.assertEqual([len(p) for p in g.microbatches(tokens(8, 7556))], [2] * 4)
+        self.assertEqual(logs.output[0], "WARNING:gpuguard:gpuguard: batch 1: 8 x 7 556 tokens, "
+                         "over the policy's max_tokens 16 000: 4 pieces")
+        self.assertEqual(len(g.microbatches(tokens(8, 1500))), 1)   # under it: whole
+        self.fake.ready = True                          # the model says 8 x 3000 fits,
+        self.assertEqual(len(g.microbatches(tokens(8, 3000))), 2)   # the cap does not
+        g.finish()
+        self.assertEqual(g.sizing["split_by_shape"], 2)
 
     def test_pieces_never_below_min_batch_size(self):
         g = self.guard(8, min_batch_size=4)

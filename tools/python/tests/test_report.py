@@ -536,7 +536,8 @@ def journal_sized():
     ev = [{"t": 0.0, "ev": "start", "pid": 7, "comm": "python", "host": "h", "rank": None,
            "version": "0.1.0", "mode": "enforce",
            "devices": [{"dev": 0, "name": "NVIDIA GeForce RTX 3090", "total": 24 * GiB,
-                        "cc": "8.6", "policy": "/p/x.ini", "limit": 6 * GiB}]}]
+                        "cc": "8.6", "policy": "/p/x.ini", "limit": 6 * GiB,
+                        "near_miss": 256 * MiB}]}]
     for step in range(1, 11):
         tokens = 8 * (500 + 100 * step)
         need = GiB + tokens * 150 * 1024
@@ -573,6 +574,21 @@ class SizedReportTest(ReportTestBase):
         ET.fromstring(page[len("<!DOCTYPE html>"):])               # well-formed
         self.assertEqual(page.count('class="mark-predicted"><title>step '), 7)
         self.assertIn("step 7 (9600 tokens): predicted 2.6 GiB, measured 2.4 GiB", page)
+
+    def test_recommend_proposes_the_largest_input_that_fit(self):
+        events = journal_sized()
+        # step 10 (12 000 tokens) peaked over the near-miss line (5.75 GiB): not proposed
+        events[10]["peak_used"] = 5 * GiB + 900 * MiB
+        j = write_journal(os.path.join(self.tmp, "gpuguard.python.7.jsonl"), events)
+        out_dir = os.path.join(self.tmp, "pol")
+        rc, out, err = self.main("--recommend", "--out", out_dir, j)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("max_tokens: 11 200 (the largest input, in elements, a step of the run "
+                      "held under the near-miss line", out)
+        if os.path.isdir(out_dir):
+            for name in os.listdir(out_dir):
+                with open(os.path.join(out_dir, name)) as f:
+                    self.assertIn("\nmax_tokens = 11200\n", f.read())
 
     def test_no_section_without_predictions(self):
         rc, out, err = self.main(self.j0)

@@ -13,15 +13,22 @@ POINTS = 400
 
 class Sizing(object):
     """What a device's steps say of the predictions made for them."""
-    __slots__ = ("points", "count", "errors", "worst")
+    __slots__ = ("points", "count", "errors", "worst", "fit_tokens")
 
     def __init__(self):
+        #: the largest input (tokens) of a step whose device-wide peak stayed
+        #: under the near-miss line: what --recommend proposes as max_tokens
+        self.fit_tokens = None
         self.points = Thinned(POINTS)
         self.count = 0           # steps with a prediction (every one)
         self.errors = Thinned(POINTS)   # relative errors, for the median
         self.worst = None        # (relative error, step, predicted, measured)
 
-    def step(self, ev, step):
+    def step(self, ev, step, line=None):
+        tokens, used = num(ev.get("tokens")), num(ev.get("peak_used"))
+        if tokens and line is not None and used is not None and used <= line and \
+                (self.fit_tokens is None or tokens > self.fit_tokens):
+            self.fit_tokens = int(tokens)
         predicted = num(ev.get("predicted"))
         if predicted is None or step is None:
             return
