@@ -24,6 +24,7 @@ redone}.
 import argparse
 import math
 import random
+import time
 
 import torch
 
@@ -58,16 +59,23 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--grads", default="")
+    ap.add_argument("--shapes", default="on", choices=("on", "off"),
+                    help="Guard(size_by_shape=...)")
+    ap.add_argument("--time", action="store_true",
+                    help="RESULT times: each batch's seconds; then a prediction's cost")
     a = ap.parse_args()
     a.long = {int(s): int(n) for s, n in (p.split(":") for p in a.long.split(",") if p)}
     grads = {int(s) for s in a.grads.split(",") if s}
     torch.manual_seed(0)
     model = LM(a.vocab, a.dim, a.layers, a.heads).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    guard = None if a.way == "measure" else gpuguard.Guard(batch_size=a.batch)
+    guard = None if a.way == "measure" else gpuguard.Guard(batch_size=a.batch,
+                                                         size_by_shape=a.shapes == "on")
+    times = []
     rng = random.Random(0)
     data = torch.Generator().manual_seed(1)
     for step in range(1, a.batches + 1):
+        t0 = time.perf_counter()
         b, t = lengths(a, step, rng)
         ids = torch.randint(0, a.vocab, (b, t), generator=data).cuda()
         sizes = []
@@ -110,9 +118,26 @@ def main():
             result("grads", step=step, norm=norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if a.time:
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
         result("step", step=step, shape=[b, t], tokens=b * t, pieces=len(sizes), sizes=sizes,
                loss=sum(losses))
         del ids
+    if a.time:
+        result("times", seconds=times)
+        if guard is not None and guard.active and guard._native.has("gpuguard_predict"):
+            n, tokens = 20000, a.batch * a.seq
+            t0 = time.perf_counter()
+            for _ in range(n):
+                guard._native.predict(0, tokens)
+            predict = (time.perf_counter() - t0) / n
+            ids = torch.randint(0, a.vocab, (a.batch, a.seq))
+            t0 = time.perf_counter()
+            for _ in range(2000):
+                guard._size_by_shape(ids)
+            size = (time.perf_counter() - t0) / 2000
+            result("predict", seconds=predict, sizing=size)
     out = {"batches": a.batches}
     if guard is not None:
         guard.finish()

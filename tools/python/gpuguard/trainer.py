@@ -709,11 +709,19 @@ class Guard(object):
         run of other shapes left may not fit this one's tensors (the cache's
         layout, not their demand), and PyTorch would free them only after a
         failed allocation (a refusal, or a real OOM it recovers from)."""
+        try:
+            held = self._native.stats(dev)   # the process's bytes: the cache's reserved, cheaply
+        except _native.ERRORS as exc:
+            _debug.swallowed("trainer.Guard._make_room", exc)
+            held = None
+        if held is not None and held["current"] + need <= line:
+            return  # even a cache of nothing but idle blocks leaves room
         torch = _torch()
         cuda = getattr(torch, "cuda", None)
         try:
             if cuda is None or not cuda.is_initialized():
                 return
+            # memory_stats() builds a dict of every counter: only near the line
             idle = int(cuda.memory_reserved(dev)) - int(cuda.memory_allocated(dev))
         except Exception as exc:  # torch's, whatever it raises: nothing emptied
             _debug.swallowed("trainer.Guard._make_room", exc)
