@@ -601,8 +601,10 @@ class Guard(object):
                     why or "another rank was advised")
             self._this = ("whole" if want == 1 else
                           "split_by_shape" if why == "shape" else "split")
-            if sized is not None and sized[0] > 1:
-                self._say_shape(sized, want)
+            if sized is not None:
+                self._tell_shape(sized[2], want)
+                if sized[0] > 1:
+                    self._say_shape(sized, want)
             if want != self._split:
                 self._set_split(want, why)
             elif adv is not None:
@@ -695,13 +697,20 @@ class Guard(object):
                     if p is None or not p["model"]:
                         break
                     need = p["bytes"] + p["margin"]
-            self._native.shape((_ceil_div(n, pieces),) + tuple(shape[1:]), 0)
             if model:
                 self._make_room(dev, need, whole["line"])
             return pieces, whole, shape, tokens
         except _native.ERRORS as exc:
             _debug.swallowed("trainer.Guard._size_by_shape", exc)
             return None
+
+    def _tell_shape(self, shape, pieces):
+        """The shim hears the shape of the pieces that run (the split every
+        rank agreed on): the step's input, what its peak follows."""
+        try:
+            self._native.shape((_ceil_div(shape[0], pieces),) + tuple(shape[1:]), 0)
+        except _native.ERRORS as exc:
+            _debug.swallowed("trainer.Guard._tell_shape", exc)
 
     def _make_room(self, dev, need, line):
         """Empties PyTorch's cache before a batch whose predicted peak,

@@ -737,6 +737,7 @@ class SizingTest(Base):
         self.fake.ready = True
         self.assertEqual([len(x) for x in g.microbatches(tokens(8, 500))], [3, 3, 2])
         self.assertEqual(len(torch.reduced), 1)         # one all-reduce a batch
+        self.assertEqual(self.fake.shapes[-1], ((3, 500), 0))  # the pieces that run, told
 
     def test_run_redoes_a_batch_the_model_misjudged_and_counts_it(self):
         torch = fake_torch()
