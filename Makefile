@@ -227,6 +227,7 @@ bench: deps
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/torch_step.py
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/torch_view.py
 	@GG_BUILD=$(BUILD) $(PYTHON) bench/instrument.py
+	@GG_BUILD=$(BUILD) $(PYTHON) bench/torch_sizing.py
 
 # The generated part of docs/journal.md, from shim/core/events.def (a test fails
 # when it is not current).

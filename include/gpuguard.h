@@ -64,6 +64,24 @@ struct gpuguard_pyframe {
     int line;                      /* the line being run */
 };
 
+/* What an input of a given size will need (gpuguard_predict): the shim's
+ * model of the run, fitted from its steps' (tokens, peak) pairs. Bytes are
+ * device-wide, as the near-miss line is. */
+struct gpuguard_prediction {
+    unsigned long long bytes;      /* the predicted peak of a step with that input */
+    unsigned long long margin;     /* what to add before comparing with the line: 2
+                                      sigma of the fit, and beyond the largest input
+                                      seen 15% of the growth predicted past it */
+    unsigned long long line;       /* the device's near-miss line */
+    unsigned long long steps;      /* steps the model was fitted from */
+    unsigned long long most_tokens; /* the largest input (elements) of those steps */
+    int beyond;                    /* 1: the input is larger than any seen */
+    int quadratic;                 /* 1: the fit has a quadratic term (the data said so) */
+    unsigned long long max_tokens; /* the policy's [trainer] max_tokens: the largest input
+                                      per micro-batch known to fit (0: none); filled with
+                                      line, also when there is no model yet */
+};
+
 /* What the shim asks of PyTorch's instrumentation (gpuguard_torch_attach):
  * PyTorch's view of its memory (why set), and/or its allocation history
  * turned on or off. */
@@ -124,6 +142,10 @@ int gpuguard_advice(struct gpuguard_advice *out);
 void gpuguard_ack(unsigned seq);
 /* What the trainer runs now. */
 void gpuguard_set_batch(int batch_size, int grad_accum);
+/* The same, saying why (the `batch` event's reason: shape, advice, policy,
+ * oom; the first 15 characters kept). A change for "shape" (the batch
+ * sized by its input's predicted peak) keeps the step trend. */
+void gpuguard_set_batch_why(int batch_size, int grad_accum, const char *why);
 /* Attach text (a Python stack, say) to the journal as a `note` event. */
 void gpuguard_note(const char *text);
 /* A training step ended (docs/trainer.md, "Steps, forecasts and leaks"). */
@@ -140,6 +162,11 @@ void gpuguard_step_shape(const long long *dims, int ndims, int batch_dim);
  * (PyTorch's allocated bytes at the step's peak), told before
  * gpuguard_step ends the step. */
 void gpuguard_step_needed(int dev, unsigned long long bytes);
+/* The peak predicted for a step whose input has `tokens` elements on
+ * device dev: 0 and *out filled; 1: no model yet (too few steps with a
+ * shape, or inputs that do not vary), only out->line and out->steps filled;
+ * -1: no such device, or the guard is not active. */
+int gpuguard_predict(int dev, unsigned long long tokens, struct gpuguard_prediction *out);
 /* The program is ending with an uncaught error (an exception's type and
  * message): the summary carries it. */
 void gpuguard_uncaught(const char *what);
@@ -259,6 +286,20 @@ static inline void gpuguard_set_batch(int batch_size, int grad_accum)
     }
 }
 
+/* The same, saying why (an older shim: without the reason). */
+static inline void gpuguard_set_batch_why(int batch_size, int grad_accum, const char *why)
+{
+    static void *slot;
+    void (*fn)(int, int, const char *);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_set_batch_why");
+    if (p) {
+        memcpy(&fn, &p, sizeof fn);
+        fn(batch_size, grad_accum, why);
+    } else {
+        gpuguard_set_batch(batch_size, grad_accum);
+    }
+}
+
 /* Attach text (a Python stack, say) to the journal as a `note` event. */
 static inline void gpuguard_note(const char *text)
 {
@@ -305,6 +346,20 @@ static inline void gpuguard_step_needed(int dev, unsigned long long bytes)
         memcpy(&fn, &p, sizeof fn);
         fn(dev, bytes);
     }
+}
+
+/* The peak predicted for an input of `tokens` elements on device dev: 0
+ * and *out filled, 1: no model yet, -1: no shim, device, or guard. */
+static inline int gpuguard_predict(int dev, unsigned long long tokens,
+                                   struct gpuguard_prediction *out)
+{
+    static void *slot;
+    int (*fn)(int, unsigned long long, struct gpuguard_prediction *);
+    void *p = gpuguard_resolve_(&slot, "gpuguard_predict");
+    if (!p)
+        return -1;
+    memcpy(&fn, &p, sizeof fn);
+    return fn(dev, tokens, out);
 }
 
 /* The program is ending with an uncaught error. */

@@ -363,6 +363,8 @@ void gg_events_step(int dev, uint64_t step, const struct gg_step_verdict *v)
     }
     if (v->has_needed)
         gg_json_ku64(&j, F(step, needed), v->needed);
+    if (v->has_predicted)
+        gg_json_ku64(&j, F(step, predicted), v->predicted);
     end(&j);
 }
 
@@ -398,7 +400,7 @@ void gg_events_leak(int dev, uint64_t step, const struct gg_step_verdict *v)
 }
 
 void gg_events_batch(int dev, struct gg_batch now, struct gg_batch was, const struct gg_window *w,
-                     bool final)
+                     bool final, const char *why)
 {
     struct gg_json j;
     if (!begin(&j, 256, EV(batch)))
@@ -415,6 +417,8 @@ void gg_events_batch(int dev, struct gg_batch now, struct gg_batch was, const st
     gg_json_ku64(&j, F(batch, live), w->live);
     if (final)
         gg_json_kbool(&j, F(batch, final), true);
+    if (why && *why)
+        gg_json_kstr(&j, F(batch, reason), why);
     end(&j);
 }
 
@@ -832,6 +836,18 @@ void gg_events_summary(double duration, bool with_stacks, const struct gg_exit *
         gg_json_ku64(&j, F(summary, pool_allocated), pu);
         gg_json_ku64(&j, F(summary, peak_pool_reserved), atomic_load(&d->peak_pool_reserved));
         gg_json_ku64(&j, F(summary, unknown_frees), atomic_load(&d->unknown_frees));
+        struct gg_steps_model m;
+        if (gg_steps_model(i, 0, &m)) { /* the run's memory model, as fitted at exit */
+            gg_json_key(&j, F(summary, model));
+            gg_json_obj(&j);
+            gg_json_ku64(&j, F(summary, model_steps), m.steps);
+            gg_json_ku64(&j, F(summary, model_most), m.most_tokens);
+            gg_json_kf64(&j, F(summary, model_intercept), m.intercept);
+            gg_json_kf64(&j, F(summary, model_per_token), m.per_token);
+            gg_json_kf64(&j, F(summary, model_per_token2), m.per_token2);
+            gg_json_kf64(&j, F(summary, model_sigma), m.sigma);
+            gg_json_obj_end(&j);
+        }
         int peers = atomic_load(&d->peers_most);
         if (peers) { /* a shared GPU: who else was on it */
             gg_json_ku64(&j, F(summary, peers), (uint64_t)peers);

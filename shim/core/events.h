@@ -63,10 +63,10 @@ void gg_events_step(int dev, uint64_t step, const struct gg_step_verdict *v);
 void gg_events_leak(int dev, uint64_t step, const struct gg_step_verdict *v);
 /* batch: the trainer runs batch now instead of was (when known); w: the
  * phase of was that ended, on device dev (final: at exit, the phase the
- * process ended in, now = was). */
+ * process ended in, now = was); why: the trainer's reason, or NULL. */
 struct gg_window;
 void gg_events_batch(int dev, struct gg_batch now, struct gg_batch was, const struct gg_window *w,
-                     bool final);
+                     bool final, const char *why);
 /* arch: a module's device code judged against the GPUs of one compute
  * capability (arch.c). */
 struct gg_fatbin;

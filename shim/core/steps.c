@@ -417,6 +417,113 @@ void gg_steps_now(int dev, struct gg_steps_now *out)
     out->leak_projected = atomic_load_explicit(&s->now_leak_projected, memory_order_relaxed);
 }
 
+/* ---- the run's memory model --------------------------------------------------- */
+
+#define MODEL_MIN 3           /* steps with a shape before a model is believed */
+#define MODEL_X 1e3           /* tokens per unit of x (the sums stay well inside a double) */
+#define MODEL_Y 1048576.0     /* bytes per unit of y */
+#define MODEL_BEYOND 0.15     /* margin: the share of the growth predicted beyond the largest */
+
+/* Least-squares sums of (x, y) over every step with a shape; under st[].lock. */
+static struct model {
+    double n, sx, sx2, sx3, sx4, sy, sxy, sx2y, syy, most;
+    double xs[4];             /* the first distinct inputs, to know they vary */
+    int distinct;
+} models[GG_MAX_DEVICES];
+
+static void model_add(struct model *m, double tokens, double bytes)
+{
+    double x = tokens / MODEL_X, y = bytes / MODEL_Y;
+    m->n += 1;
+    m->sx += x;
+    m->sx2 += x * x;
+    m->sx3 += x * x * x;
+    m->sx4 += x * x * x * x;
+    m->sy += y;
+    m->sxy += x * y;
+    m->sx2y += x * x * y;
+    m->syy += y * y;
+    m->most = fmax(m->most, tokens);
+    bool seen = false;
+    for (int i = 0; i < m->distinct && !seen; i++)
+        seen = m->xs[i] == x;
+    if (!seen && m->distinct < 4)
+        m->xs[m->distinct++] = x;
+}
+
+static double det3(const double a[3][3])
+{
+    return a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1]) -
+           a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0]) +
+           a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]);
+}
+
+/* The last prediction asked per device, for the step in progress. */
+static _Atomic uint64_t asked_tokens[GG_MAX_DEVICES], asked_bytes[GG_MAX_DEVICES];
+
+void gg_steps_asked(int dev, uint64_t tokens, uint64_t bytes)
+{
+    if ((unsigned)dev >= GG_MAX_DEVICES)
+        return;
+    atomic_store_explicit(&asked_bytes[dev], bytes, memory_order_relaxed);
+    atomic_store_explicit(&asked_tokens[dev], tokens, memory_order_relaxed);
+}
+
+bool gg_steps_model(int dev, uint64_t tokens, struct gg_steps_model *out)
+{
+    memset(out, 0, sizeof *out);
+    if ((unsigned)dev >= GG_MAX_DEVICES || !gg_spin_trylock(&st[dev].lock, 1000))
+        return false;
+    struct model m = models[dev];
+    gg_spin_unlock(&st[dev].lock);
+    out->steps = (uint64_t)m.n;
+    out->most_tokens = (uint64_t)m.most;
+    if (m.n < MODEL_MIN || m.distinct < 2)
+        return false;
+    /* linear: y = a + b x */
+    double dl = m.n * m.sx2 - m.sx * m.sx;
+    if (dl <= 0)
+        return false;
+    double b = (m.n * m.sxy - m.sx * m.sy) / dl, a = (m.sy - b * m.sx) / m.n;
+    double sse = fmax(m.syy - a * m.sy - b * m.sxy, 0), c = 0;
+    int params = 2;
+    /* quadratic: y = a + b x + c x^2, when it halves the residual, with a
+     * rise (c > 0: attention without a fused kernel) */
+    if (m.n >= 6 && m.distinct >= 4) {
+        double A[3][3] = {{m.n, m.sx, m.sx2}, {m.sx, m.sx2, m.sx3}, {m.sx2, m.sx3, m.sx4}};
+        double r[3] = {m.sy, m.sxy, m.sx2y}, D = det3(A), q[3];
+        for (int k = 0; k < 3 && D != 0; k++) {
+            double M[3][3];
+            memcpy(M, A, sizeof M);
+            for (int i = 0; i < 3; i++)
+                M[i][k] = r[i];
+            q[k] = det3(M) / D;
+        }
+        if (D != 0 && q[2] > 0) {
+            double sq = fmax(m.syy - q[0] * m.sy - q[1] * m.sxy - q[2] * m.sx2y, 0);
+            if (sq < 0.5 * sse) {
+                a = q[0], b = q[1], c = q[2], sse = sq, params = 3;
+                out->quadratic = true;
+            }
+        }
+    }
+    double x = (double)tokens / MODEL_X, y = a + b * x + c * x * x;
+    double sigma = m.n > params ? sqrt(sse / (m.n - params)) : 0;
+    double margin = 2 * sigma;
+    out->beyond = (double)tokens > m.most;
+    if (out->beyond) { /* the extrapolation: 15% of the growth beyond the largest seen */
+        double xm = m.most / MODEL_X;
+        margin += MODEL_BEYOND * fmax(y - (a + b * xm + c * xm * xm), 0);
+    }
+    out->bytes = y > 0 ? (uint64_t)(y * MODEL_Y) : 0;
+    out->margin = (uint64_t)(margin * MODEL_Y);
+    out->intercept = a * MODEL_Y;
+    out->per_token = b * MODEL_Y / MODEL_X;
+    out->per_token2 = c * MODEL_Y / (MODEL_X * MODEL_X);
+    out->sigma = sigma * MODEL_Y;
+    return true;
+}
+
 void gg_steps_boundary(struct gg_device *d, int dev, uint64_t step, bool do_forecast,
                        const struct gg_shape *input, struct gg_step_verdict *out)
 {
@@ -430,6 +537,11 @@ void gg_steps_boundary(struct gg_device *d, int dev, uint64_t step, bool do_fore
     out->has_needed = need1 != 0;
     out->needed = need1 ? need1 - 1 : 0;
     out->flushes = atomic_exchange_explicit(&flushes[dev], 0, memory_order_relaxed);
+    uint64_t asked = atomic_exchange_explicit(&asked_tokens[dev], 0, memory_order_relaxed);
+    if (asked && out->input.ndims && asked == out->input.tokens) {
+        out->has_predicted = true;
+        out->predicted = atomic_load_explicit(&asked_bytes[dev], memory_order_relaxed);
+    }
     struct steps *s = &st[dev];
     /* A signal handler's boundary on this thread, or another thread's at
      * the same moment: this one is counted in the next window. */
@@ -454,6 +566,9 @@ void gg_steps_boundary(struct gg_device *d, int dev, uint64_t step, bool do_fore
         (double)step, (double)out->w.peak_used, (double)out->w.live,
         out->has_needed ? (double)out->needed + fmax(others, 0) : -1,
         out->input.ndims ? (double)out->input.tokens : 0};
+    if (out->input.ndims && out->input.tokens)
+        model_add(&models[dev], (double)out->input.tokens,
+                  out->has_needed ? s->p[s->n - 1].need : (double)out->w.peak_used);
     if (do_forecast)
         forecast(d, s, step, out);
     leak(d, dev, s, step, out);

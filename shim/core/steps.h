@@ -68,6 +68,8 @@ struct gg_step_verdict {
     bool has_needed;
     uint64_t needed;        /* what its tensors held at its peak, when told */
     uint64_t flushes;       /* failures recovered in it by a cache flush (retry.h) */
+    bool has_predicted;
+    uint64_t predicted;     /* the peak predicted for its input before it ran (gpuguard_predict) */
     bool journal;           /* write its `step` line (bounded: see steps.c) */
     bool forecast;          /* the trend crosses the near-miss line */
     uint64_t fc_step;       /* ... at this step */
@@ -116,6 +118,29 @@ void gg_steps_flushed(int dev);
  * not follow them). */
 bool gg_steps_predict(const struct gg_device *d, int dev, uint64_t tokens, uint64_t *bytes,
                       bool *beyond, uint64_t *at_most);
+
+/* The run's memory model on device dev: what a step needs against its
+ * input's tokens, fitted by least squares from every step that told its
+ * shape (running sums: it lives as long as the run, whatever the trainer's
+ * batch changes). Linear, with a quadratic term when the data say so (it
+ * halves the residual, with enough distinct inputs). The need is the
+ * step's device-wide need where the tensors' need was told (the cache
+ * holds more after a longer step), else its device-wide peak. */
+struct gg_steps_model {
+    uint64_t steps;         /* steps in the fit */
+    uint64_t most_tokens;   /* the largest input seen */
+    uint64_t bytes;         /* the prediction for the input asked */
+    uint64_t margin;        /* 2 sigma of the fit, + 15% of the growth beyond the largest */
+    bool beyond, quadratic;
+    /* the fit: bytes = intercept + per_token x tokens + per_token2 x tokens^2, +- sigma */
+    double intercept, per_token, per_token2, sigma;
+};
+/* False (out->steps still filled) when there is no model yet. */
+bool gg_steps_model(int dev, uint64_t tokens, struct gg_steps_model *out);
+/* The trainer asked the prediction for an input of `tokens` on device dev
+ * (gpuguard_predict): when the step in progress's input has those tokens,
+ * its step line says what was predicted for it. */
+void gg_steps_asked(int dev, uint64_t tokens, uint64_t bytes);
 
 /* ---- leaks ----------------------------------------------------------------- */
 

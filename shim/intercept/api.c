@@ -9,6 +9,7 @@
 #include "life.h"
 #include "gpuguard.h"
 #include "ledger.h"
+#include "steps.h"
 #include "prim.h"
 #include "react.h"
 #include "torch.h"
@@ -77,21 +78,29 @@ GG_EXPORT void gpuguard_ack(unsigned seq)
     if (gg_tracing())
         gg_trace_api("ack", seq, 0);
     if (gg_advice_ack(seq, &now, &was))
-        gg_life_batch(now, was);
+        gg_life_batch(now, was, "advice");
     gg_outside(was_inside);
 }
 
-GG_EXPORT void gpuguard_set_batch(int batch_size, int grad_accum)
+GG_EXPORT void gpuguard_set_batch_why(int batch_size, int grad_accum, const char *why)
 {
     int was_inside = gg_inside();
     struct gg_batch was;
+    char reason[16] = "";
+    if (why) /* a short word: the trainer's, copied and cut */
+        snprintf(reason, sizeof reason, "%s", why);
     if (gg_tracing())
         gg_trace_api("batch", batch_size, grad_accum);
     bool changed = gg_advice_set_batch((struct gg_batch){batch_size, grad_accum}, &was);
     gg_life_registered();
     if (changed)
-        gg_life_batch((struct gg_batch){batch_size, grad_accum}, was);
+        gg_life_batch((struct gg_batch){batch_size, grad_accum}, was, why ? reason : NULL);
     gg_outside(was_inside);
+}
+
+GG_EXPORT void gpuguard_set_batch(int batch_size, int grad_accum)
+{
+    gpuguard_set_batch_why(batch_size, grad_accum, NULL);
 }
 
 GG_EXPORT void gpuguard_step(unsigned long long step)
@@ -119,6 +128,31 @@ GG_EXPORT void gpuguard_step_needed(int dev, unsigned long long bytes)
         gg_trace_api("needed", dev, (long long)bytes);
     gg_life_needed(dev, bytes);
     gg_outside(was);
+}
+
+GG_EXPORT int gpuguard_predict(int dev, unsigned long long tokens,
+                               struct gpuguard_prediction *out)
+{
+    struct gg_device *d = gg_active() ? gg_device(dev) : NULL;
+    if (!out || !d)
+        return -1;
+    int was = gg_inside();
+    struct gg_steps_model m;
+    bool ok = gg_steps_model(dev, tokens, &m);
+    memset(out, 0, sizeof *out);
+    out->line = d->limit > d->near ? d->limit - d->near : 0;
+    out->steps = m.steps;
+    out->most_tokens = m.most_tokens;
+    out->max_tokens = (unsigned long long)gg_device_policy(dev)->s.max_tokens;
+    if (ok) {
+        gg_steps_asked(dev, tokens, m.bytes);
+        out->bytes = m.bytes;
+        out->margin = m.margin;
+        out->beyond = m.beyond;
+        out->quadratic = m.quadratic;
+    }
+    gg_outside(was);
+    return ok ? 0 : 1;
 }
 
 GG_EXPORT void gpuguard_uncaught(const char *what)

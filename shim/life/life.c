@@ -323,7 +323,7 @@ static bool device_used(const struct gg_device *d, int dev)
     return gg_device_in_use(d, dev);
 }
 
-static void batch_events(struct gg_batch now, struct gg_batch was, bool final)
+static void batch_events(struct gg_batch now, struct gg_batch was, bool final, const char *why)
 {
     gg_react_flush();
     for (int i = 0; i < gg_device_count; i++) {
@@ -332,15 +332,17 @@ static void batch_events(struct gg_batch now, struct gg_batch was, bool final)
         if (!d || !device_used(d, i))
             continue;
         gg_device_close_phase(d, &w);
-        gg_events_batch(i, now, was, &w, final);
+        gg_events_batch(i, now, was, &w, final, why);
     }
 }
 
-void gg_life_batch(struct gg_batch now, struct gg_batch was)
+void gg_life_batch(struct gg_batch now, struct gg_batch was, const char *why)
 {
     if (!gg_active())
         return;
-    batch_events(now, was, false);
+    batch_events(now, was, false, why);
+    if (why && !strcmp(why, "shape"))
+        return; /* sized by its own input: the steps by their tokens still hold */
     for (int i = 0; i < gg_device_count; i++)
         gg_steps_reset(i); /* another batch: the old trend says nothing of it */
 }
@@ -519,7 +521,8 @@ void gg_life_finish(void)
     if (!inside)
         gg_react_settle(0); /* failures still waiting for a retry: none will come */
     if (!inside && gg_advice_current(&batch, &accum)) /* the phase the process ended in */
-        batch_events((struct gg_batch){batch, accum}, (struct gg_batch){batch, accum}, true);
+        batch_events((struct gg_batch){batch, accum}, (struct gg_batch){batch, accum}, true,
+                     NULL);
     static struct gg_exit how; /* 1 KiB: not on a thread's stack that may be small */
     int status1 = atomic_load(&exit_status1);
     how.has_status = status1 != 0;

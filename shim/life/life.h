@@ -77,8 +77,10 @@ void gg_life_registered(void);
 
 /* The trainer runs a new batch, now (set or acked), instead of was (not
  * known when it never said): the phase of was ends, journaled per used
- * device (`batch` events), for --recommend. */
-void gg_life_batch(struct gg_batch now, struct gg_batch was);
+ * device (`batch` events, with the trainer's reason why, or NULL), for
+ * --recommend. The step trend starts again, unless why is "shape": a
+ * batch sized by its own input (the trend by tokens still holds). */
+void gg_life_batch(struct gg_batch now, struct gg_batch was, const char *why);
 
 /* A training step ended (gpuguard_step): per used device, the step's
  * line, the forecast, the leak (steps.h). */

@@ -262,6 +262,40 @@ class RanksWithTorch(TorchCase):
         self.assertLessEqual(max_diff(r0["params"], r0["reference"]), TOLERANCE)
 
 
+class SizingWithTorch(TorchCase):
+    """Guard.run on batches of long-tailed lengths (torchjob's shape job):
+    the shim's model sizes each batch before it runs."""
+
+    LONG = (5, 8)  # batches 6 and 9 (0-based): whole they would cross the line
+
+    def test_long_batches_split_before_they_run_with_the_unsplit_parameters(self):
+        r, run = self.job("shape", "shape")
+        self.assertEqual([len(p) for i, p in enumerate(r["pieces"])],
+                         [2 if i in self.LONG else 1 for i in range(12)])
+        self.assertEqual([sum(p) for p in r["pieces"]], [32] * 12)   # the effective batch
+        self.assertEqual(r["sizing"], {"whole": 10, "split_by_shape": 2, "split": 0,
+                                       "redone": 0})
+        self.assertEqual(r["ooms"], 0)
+        self.assertLessEqual(max_diff(r["params"], r["reference"]), TOLERANCE)
+        s = run.summary()
+        self.assertEqual((s["near_misses"], s["refusals"], s["ooms"]), (0, 0, 0))
+        self.assertIn("gpuguard: batch 6: 32 x 400 x 8 tokens, predicted 24.5 GiB over the "
+                      "20.4 GiB line: 2 pieces", run.err)
+        self.assertIn("gpuguard: 12 batches: 10 whole, 2 split by their shape", run.err)
+        sys.stdout.write("[max |param - reference| %.1e] " % max_diff(r["params"],
+                                                                       r["reference"]))
+
+    def test_two_ranks_split_the_same_batches(self):
+        (r0, r1), cwd, _ = self.two_ranks("shape", ["shape", "shape"], (RTX3090, RTX3090))
+        want = [2 if i in self.LONG else 1 for i in range(12)]
+        self.assertEqual([len(p) for p in r0["pieces"]], want)
+        self.assertEqual(r1["pieces"], r0["pieces"])
+        self.assertLessEqual(max_diff(r0["params"], r1["params"]), TOLERANCE)
+        self.assertLessEqual(max_diff(r0["params"], r0["reference"]), TOLERANCE)
+        for rank in (0, 1):
+            self.assertEqual(self.events(cwd, rank, "refused"), [])
+
+
 class AdaptersWithTorch(TorchCase):
     def test_hf_trainer_stand_in(self):
         r, _ = self.job("hf", "near-16")

@@ -29,6 +29,7 @@ MIRRORS = {
     "gpuguard_stats": _native.GpuguardStats,
     "gpuguard_advice": _native.GpuguardAdvice,
     "gpuguard_policy": _native.GpuguardPolicy,
+    "gpuguard_prediction": _native.GpuguardPrediction,
     "gpuguard_pyframe": _native.PyFrame,
     "gpuguard_torch_request": _native.TorchRequest,
     "gpuguard_torch_tensor": _native.TorchTensor,

@@ -39,7 +39,7 @@ SCENARIOS = {
                       policy=enforce(400 * MiB)),
     # The full batch's step peaks are 94, 154, 230, 302, 420, 576, 832 and
     # 1152 MiB: at 500 MiB the helper must split before step 6.
-    "helper-grow": dict(script="helper_train.py", args=["--steps", "8"], conf="",
+    "helper-grow": dict(script="helper_train.py", args=["--steps", "8", "--shapes", "off"], conf="",
                         policy=enforce(500 * MiB, near_miss="16 MiB", mode="auto")),
     # The workloads users run, through gpuguard-run (its instrumentation tells
     # each step's input and need: `shape` and `needed` lines): a sequence

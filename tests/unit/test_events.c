@@ -123,13 +123,14 @@ static void test_batch_and_summary(void)
 {
     struct gg_window w = {.peak = 5 * GiB, .peak_used = 6 * GiB, .live = GiB};
     /* the trainer's first batch: the phase before it has no batch to say */
-    gg_events_batch(0, (struct gg_batch){16, 2}, (struct gg_batch){0, 0}, &w, false);
+    gg_events_batch(0, (struct gg_batch){16, 2}, (struct gg_batch){0, 0}, &w, false, NULL);
     CHECK(strstr(journal(), "\"ev\":\"batch\",\"dev\":0,\"batch_size\":16,\"grad_accum\":2,"
                             "\"peak\":5368709120,"));
-    gg_events_batch(0, (struct gg_batch){8, 4}, (struct gg_batch){16, 2}, &w, false);
+    gg_events_batch(0, (struct gg_batch){8, 4}, (struct gg_batch){16, 2}, &w, false, "shape");
     CHECK(strstr(journal(), "\"batch_size\":8,\"grad_accum\":4,\"was_batch_size\":16,"
                             "\"was_grad_accum\":2,\"peak\":5368709120,"));
-    gg_events_batch(0, (struct gg_batch){8, 4}, (struct gg_batch){8, 4}, &w, true);
+    CHECK(strstr(journal(), "\"live\":1073741824,\"reason\":\"shape\"}"));
+    gg_events_batch(0, (struct gg_batch){8, 4}, (struct gg_batch){8, 4}, &w, true, NULL);
     CHECK(strstr(journal(), "\"ev\":\"batch\",\"dev\":0,\"batch_size\":8,\"grad_accum\":4,"
                             "\"was_batch_size\":8,\"was_grad_accum\":4,"
                             "\"peak\":5368709120,\"peak_used\":6442450944,\"live\":1073741824,"

@@ -63,7 +63,8 @@ static void test_find_and_keys(void)
     CHECK(gg_setting_find("memory", "headrom") == NULL);
     CHECK(gg_setting_find("process", "") == NULL); /* environment only */
     gg_setting_keys("trainer", keys, sizeof keys);
-    CHECK_STR(keys, "signal, batch_size, grad_accum, min_batch_size, apply_batch, forecast");
+    CHECK_STR(keys, "signal, batch_size, grad_accum, min_batch_size, apply_batch, forecast, "
+                    "max_tokens");
 }
 
 static void test_environment(void)

@@ -324,6 +324,86 @@ static void test_shapes_and_the_prediction_by_tokens(void)
     CHECK(gg_shape_batch(&none) == 0);
 }
 
+/* One step with a shape on device dev: its tensors needed `need`. */
+static void shaped_step(struct gg_device *d, int dev, uint64_t n, int64_t len, uint64_t need)
+{
+    struct gg_step_verdict v;
+    struct gg_shape in = {.ndims = 2, .batch_dim = 0, .dims = {8, len},
+                          .tokens = shape_tokens(8, len)};
+    gg_steps_shape(&in);
+    gg_steps_needed(dev, need);
+    gg_steps_take_shape(&in);
+    atomic_store(&d->current, need + GiB); /* the cache holds more than the tensors */
+    gg_atomic_max(&d->window_peak, need + GiB);
+    gg_atomic_max(&d->window_used, need + GiB);
+    atomic_store(&d->current, GiB);
+    gg_steps_boundary(d, dev, n, false, &in, &v);
+}
+
+/* The run's memory model (gpuguard_predict): none before 3 steps with a
+ * shape; the tensors' need against tokens, linear where it is, with a
+ * quadratic term where the data say so; kept across a batch change; a
+ * margin that grows with the distance beyond the largest input seen. */
+static void test_memory_model(void)
+{
+    setup();
+    gg_device_count = 3;
+    struct gg_steps_model m;
+    for (int dev = 1; dev <= 2; dev++) {
+        struct gg_device *d = &gg_devices[dev];
+        d->present = true;
+        d->mode = GG_MODE_OBSERVE;
+        d->total = 24 * GiB;
+        d->limit = 21 * GiB + 614 * MiB;
+        d->near = 1228 * MiB;
+        gg_steps_reset(dev);
+        CHECK(!gg_steps_model(dev, 8000, &m) && m.steps == 0);
+        unsigned seed = 7;
+        for (uint64_t n = 1; n <= 40; n++) {
+            seed = seed * 1103515245u + 12345u;
+            int64_t len = 256 + (int64_t)((seed >> 8) % 1800);
+            double t = 8.0 * (double)len;
+            uint64_t need = dev == 1 ? GiB + (uint64_t)(t * 192 * 1024)
+                                     : GiB + (uint64_t)(t * 64 * 1024 + t * t * 16);
+            shaped_step(d, dev, n, len, need);
+            if (n == 2)
+                CHECK(!gg_steps_model(dev, 8000, &m) && m.steps == 2);
+            if (n == 20)
+                gg_steps_reset(dev); /* the trainer changed its batch: the model stays */
+        }
+        double t = 8.0 * 1500, want = dev == 1 ? GiB + t * 192 * 1024 : GiB + t * 64 * 1024 + t * t * 16;
+        CHECK(gg_steps_model(dev, (uint64_t)t, &m));
+        CHECK(m.steps == 40 && !m.beyond && m.most_tokens <= 8 * 2055);
+        CHECK(m.quadratic == (dev == 2));
+        CHECK(fabs((double)m.bytes - want) < 0.03 * want);
+        uint64_t margin_in = m.margin;
+        t = 8.0 * 7556;
+        want = dev == 1 ? GiB + t * 192 * 1024 : GiB + t * 64 * 1024 + t * t * 16;
+        struct gg_steps_model at;
+        CHECK(gg_steps_model(dev, m.most_tokens, &at) && !at.beyond);
+        CHECK(gg_steps_model(dev, (uint64_t)t, &m) && m.beyond);
+        CHECK(fabs((double)m.bytes - want) < 0.05 * want);
+        /* 15% of what it grows past the largest seen, on top of the noise */
+        double grown = (double)m.bytes - (double)at.bytes;
+        CHECK(fabs((double)(m.margin - margin_in) - 0.15 * grown) < 0.01 * grown);
+        CHECK(fabs(m.per_token - (dev == 1 ? 192.0 * 1024 : 64.0 * 1024)) <
+              (dev == 1 ? 0.01 * 192 * 1024 : 0.2 * 64 * 1024));
+        /* the prediction asked for the next step's input: its line says it */
+        struct gg_step_verdict v;
+        struct gg_shape in = {.ndims = 2, .batch_dim = 0, .dims = {8, 1000}, .tokens = 8000};
+        gg_steps_asked(dev, 8000, 5 * GiB);
+        gg_steps_boundary(d, dev, 41, false, &in, &v);
+        CHECK(v.has_predicted && v.predicted == 5 * GiB);
+        gg_steps_asked(dev, 8000, 5 * GiB);   /* asked for another input than the step's */
+        in.tokens = 9000;
+        gg_steps_boundary(d, dev, 42, false, &in, &v);
+        CHECK(!v.has_predicted);
+        gg_steps_boundary(d, dev, 43, false, &in, &v); /* one step only */
+        CHECK(!v.has_predicted);
+    }
+    gg_device_count = 1;
+}
+
 /* A suspicion its check cleared (nothing one step allocated outlived the
  * next: the cache, or growing inputs) is not raised again for a while,
  * and the quiet doubles. */
@@ -357,5 +437,6 @@ int main(void)
     RUN(test_forecast_follows_the_need);
     RUN(test_shapes_and_the_prediction_by_tokens);
     RUN(test_cleared_leak_stays_quiet);
+    RUN(test_memory_model);
     return unit_done();
 }

@@ -26,11 +26,14 @@ def main():
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--grow", type=int, default=64)
     ap.add_argument("--dim", type=int, default=256)
+    ap.add_argument("--shapes", default="on", choices=("on", "off"),
+                    help="Guard(size_by_shape=...): off, the split follows the advice only")
     a = ap.parse_args()
     torch.manual_seed(0)
     model = Model(dim=a.dim).cuda()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    guard = gpuguard.Guard(batch_size=a.batch, min_batch_size=1)
+    guard = gpuguard.Guard(batch_size=a.batch, min_batch_size=1,
+                           size_by_shape=a.shapes == "on")
     for step in range(1, a.steps + 1):
         batch = torch.randn(a.batch, a.seq + a.grow * (step - 1), a.dim, device="cuda")
         samples = []

@@ -2,7 +2,8 @@
 
 import logging
 
-from . import DEFAULT_SIGNAL, Guard, _split
+from . import _split
+from .trainer import DEFAULT_SIGNAL, Guard
 
 log = logging.getLogger("gpuguard")
 

@@ -46,7 +46,7 @@ import functools
 import importlib
 import sys
 
-from . import DEFAULT_SIGNAL
+from .trainer import DEFAULT_SIGNAL
 from ._adapt import NoSync, Splitter
 
 __all__ = ["GpuguardTrainer", "guard_trainer", "available"]

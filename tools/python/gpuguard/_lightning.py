@@ -41,7 +41,7 @@ import importlib
 import inspect
 from collections.abc import Mapping
 
-from . import DEFAULT_SIGNAL
+from .trainer import DEFAULT_SIGNAL
 from ._adapt import NoSync, Splitter
 
 __all__ = ["GpuguardCallback", "available"]

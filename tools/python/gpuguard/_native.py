@@ -22,7 +22,8 @@ ctypes pointers). ``set_library(None)`` makes the shim look absent;
 import ctypes
 
 __all__ = [
-    "GpuguardStats", "GpuguardAdvice", "GpuguardPolicy", "PyFrame", "TorchRequest",
+    "GpuguardStats", "GpuguardAdvice", "GpuguardPolicy", "GpuguardPrediction", "PyFrame",
+    "TorchRequest",
     "TorchTensor", "TorchView", "TORCH_FN", "Native", "FUNCTIONS", "OPTIONAL", "load",
     "set_library", "reset_library",
 ]
@@ -34,7 +35,7 @@ FUNCTIONS = ("gpuguard_stats", "gpuguard_advice", "gpuguard_ack",
 OPTIONAL = ("gpuguard_step", "gpuguard_policy", "gpuguard_torch_attach",
             "gpuguard_torch_detach", "gpuguard_torch_view", "gpuguard_backward",
             "gpuguard_torch_raise", "gpuguard_step_shape", "gpuguard_step_needed",
-            "gpuguard_uncaught")
+            "gpuguard_uncaught", "gpuguard_predict", "gpuguard_set_batch_why")
 #: Called with the GIL held (it takes a reference to a Python object).
 _WITH_GIL = ("gpuguard_torch_raise",)
 
@@ -66,6 +67,20 @@ class GpuguardAdvice(ctypes.Structure):
         ("batch_size", ctypes.c_int),
         ("grad_accum", ctypes.c_int),
         ("reason", ctypes.c_char * 32),
+    ]
+
+
+class GpuguardPrediction(ctypes.Structure):
+    """struct gpuguard_prediction, field for field."""
+    _fields_ = [
+        ("bytes", ctypes.c_ulonglong),
+        ("margin", ctypes.c_ulonglong),
+        ("line", ctypes.c_ulonglong),
+        ("steps", ctypes.c_ulonglong),
+        ("most_tokens", ctypes.c_ulonglong),
+        ("beyond", ctypes.c_int),
+        ("quadratic", ctypes.c_int),
+        ("max_tokens", ctypes.c_ulonglong),
     ]
 
 
@@ -153,11 +168,18 @@ _SIGNATURES = {
     "gpuguard_step_shape": (None, [ctypes.POINTER(ctypes.c_longlong), ctypes.c_int, ctypes.c_int]),
     "gpuguard_step_needed": (None, [ctypes.c_int, ctypes.c_ulonglong]),
     "gpuguard_uncaught": (None, [ctypes.c_char_p]),
+    "gpuguard_set_batch_why": (None, [ctypes.c_int, ctypes.c_int, ctypes.c_char_p]),
+    "gpuguard_predict": (ctypes.c_int, [ctypes.c_int, ctypes.c_ulonglong,
+                                        ctypes.POINTER(GpuguardPrediction)]),
 }
 
 STATS_FIELDS = tuple(name for name, _ in GpuguardStats._fields_)
 
 _INT_MAX = 2 ** 31 - 1
+
+#: What a call through Native may raise: an argument ctypes cannot convert,
+#: a value out of range, a function this library object lacks.
+ERRORS = (ctypes.ArgumentError, TypeError, ValueError, OverflowError, AttributeError, KeyError)
 
 
 def _clamp_int(v):
@@ -217,8 +239,14 @@ class Native(object):
     def ack(self, seq):
         self._fn["gpuguard_ack"](int(seq) & 0xFFFFFFFF)
 
-    def set_batch(self, batch_size, grad_accum):
-        self._fn["gpuguard_set_batch"](_clamp_int(batch_size), _clamp_int(grad_accum))
+    def set_batch(self, batch_size, grad_accum, why=None):
+        """gpuguard_set_batch, or with a reason (the `batch` event's: shape,
+        advice, policy, oom) gpuguard_set_batch_why where the shim has it."""
+        fn = self._fn.get("gpuguard_set_batch_why") if why else None
+        if fn is not None:
+            fn(_clamp_int(batch_size), _clamp_int(grad_accum), why.encode("ascii", "replace"))
+        else:
+            self._fn["gpuguard_set_batch"](_clamp_int(batch_size), _clamp_int(grad_accum))
 
     def note(self, text):
         if isinstance(text, str):
@@ -242,6 +270,32 @@ class Native(object):
         None when this shim does not have it (the torch instrumentation
         calls gpuguard_torch_* and gpuguard_backward through these)."""
         return self._fn.get(name)
+
+    def predict(self, dev, tokens):
+        """The shim's prediction for an input of `tokens` elements on device
+        dev (gpuguard_predict) as a dict: bytes, margin, line, steps,
+        most_tokens, beyond, quadratic, and model (False: no model yet, only
+        line, steps and most_tokens hold). None when this shim cannot say
+        (no gpuguard_predict, no such device, not active)."""
+        fn = self._fn.get("gpuguard_predict")
+        if fn is None:
+            return None
+        out = GpuguardPrediction()
+        rc = fn(_clamp_int(dev), max(0, int(tokens)) & 0xFFFFFFFFFFFFFFFF, ctypes.pointer(out))
+        if rc not in (0, 1):
+            return None
+        d = {name: int(getattr(out, name)) for name, _ in GpuguardPrediction._fields_}
+        d["beyond"], d["quadratic"], d["model"] = bool(d["beyond"]), bool(d["quadratic"]), rc == 0
+        return d
+
+    def shape(self, dims, batch_dim=0):
+        """gpuguard_step_shape(dims, batch_dim) when the shim has it."""
+        fn = self._fn.get("gpuguard_step_shape")
+        if fn is None or not dims:
+            return
+        n = min(len(dims), 8)
+        arr = (ctypes.c_longlong * n)(*[int(d) for d in dims[:n]])
+        fn(arr, n, int(batch_dim))
 
     def policy(self, dev=0):
         """Device dev's policy's [trainer] keys and file as a dict, or None

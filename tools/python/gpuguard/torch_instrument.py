@@ -69,7 +69,7 @@ import sys
 import threading
 import weakref
 
-from . import _native
+from . import _debug, _native
 
 __all__ = ["install", "STATE", "HISTORY_MAX_ENTRIES", "TENSORS_MAX", "FRAMES_MAX"]
 
@@ -123,7 +123,8 @@ def install(torch):
         STATE = inst
         inst.start()
         return inst
-    except Exception:
+    except Exception as exc:
+        _debug.swallowed("torch_instrument.install", exc)
         return None
 
 
@@ -172,7 +173,8 @@ def _from_signal(e):
             if tb.tb_frame.f_code in codes:
                 return True
             tb = tb.tb_next
-    except Exception:
+    except Exception as exc:
+        _debug.swallowed("torch_instrument._from_signal", exc)
         pass
     return False
 
@@ -191,7 +193,7 @@ class _Instrument(object):
         self.fn_attach = native.function("gpuguard_torch_attach")
         self.fn_detach = native.function("gpuguard_torch_detach")
         self.fn_raise = native.function("gpuguard_torch_raise")
-        self.pkg = sys.modules.get(__package__)       # gpuguard: the helper's flag
+        self.helper = __package__ + ".trainer"       # the module whose flag says a Guard tells steps
         self.torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
         self.own_dir = os.path.dirname(os.path.abspath(__file__)) + os.sep
         #: Steps told to the shim by the optimizer hook.
@@ -266,7 +268,8 @@ class _Instrument(object):
             self._attached = False
             try:
                 self.fn_detach()
-            except Exception:
+            except Exception as exc:
+                _debug.swallowed("torch_instrument.detach", exc)
                 pass
 
     def _observe_when_cuda_starts(self):
@@ -291,7 +294,8 @@ class _Instrument(object):
             if attach is not None and not self.observer:
                 attach(self._on_oom)
                 self.observer = True
-        except Exception:
+        except Exception as exc:
+            _debug.swallowed("torch_instrument._attach_observer", exc)
             pass  # a backend without observers (cudaMallocAsync): the shim's requests remain
 
     def _wrap_backward(self):
@@ -313,7 +317,7 @@ class _Instrument(object):
 
     def _on_step(self, optimizer, args, kwargs):
         try:
-            if getattr(self.pkg, "_helper_steps", False):
+            if getattr(sys.modules.get(self.helper), "_helper_steps", False):
                 return  # a Guard tells the steps: never both
             clock = self._clock() if self._clock is not None else None
             if clock is None:
@@ -540,7 +544,8 @@ class _Instrument(object):
                     name = module + "." + name
                 text = str(value).strip().splitlines()
                 tell(_utf8("%s: %s" % (name, text[0]) if text else name, 480))
-            except Exception:
+            except Exception as exc:
+                _debug.swallowed("torch_instrument.excepthook", exc)
                 pass
             return previous(etype, value, tb)
         sys.excepthook = excepthook
@@ -619,7 +624,8 @@ class _Instrument(object):
             try:
                 r = req.contents
                 history, dev, seq, why, request = r.history, r.dev, r.seq, r.why, r.request
-            except Exception:
+            except Exception as exc:
+                _debug.swallowed("torch_instrument._on_request", exc)
                 return
             # A leak's view reads what the last window left, history off: off
             # before it, and on (the next window) only after it.
@@ -648,7 +654,8 @@ class _Instrument(object):
         try:
             if self.fn_raise is not None:
                 self.fn_raise(e)
-        except Exception:
+        except Exception as exc:
+            _debug.swallowed("torch_instrument._hand_back", exc)
             pass
 
     @staticmethod
@@ -694,7 +701,8 @@ class _Instrument(object):
                 b.get("address") for seg in cuda.memory._snapshot()["segments"]
                 for b in seg.get("blocks", ())
                 if b.get("state") == "active_allocated" and b.get("frames")}
-        except Exception:
+        except Exception as exc:
+            _debug.swallowed("torch_instrument._history_on", exc)
             self._framed_before = set()
         self._record(cuda)(enabled="all", context="alloc", stacks="python",
                            max_entries=HISTORY_MAX_ENTRIES)
@@ -727,7 +735,8 @@ class _Instrument(object):
                 on = args[0] if args else kwargs.get("enabled", "all")
                 inst.user_history = on not in (None, False)
                 inst.history = False  # the program's now, whoever turned it on before
-            except Exception:
+            except Exception as exc:
+                _debug.swallowed("torch_instrument._record_memory_history", exc)
                 pass
             return original(*args, **kwargs)
         functools.update_wrapper(_record_memory_history, original)
@@ -749,7 +758,8 @@ class _Instrument(object):
         try:
             snapshot = cuda.memory._snapshot()
             segments = [s for s in snapshot["segments"] if s.get("device") == dev]
-        except Exception:
+        except Exception as exc:
+            _debug.swallowed("torch_instrument._answer", exc)
             snapshot = segments = None  # a backend without snapshots: no free block is known
         keep = []
         if segments is None:

@@ -26,7 +26,7 @@ if PYDIR not in sys.path:
     sys.path.insert(0, PYDIR)
 
 import gpuguard                                    # noqa: E402
-from gpuguard import _native, _split               # noqa: E402
+from gpuguard import _native, _split, trainer      # noqa: E402
 
 SIG = signal.SIGUSR2
 
@@ -235,7 +235,9 @@ class StructTest(unittest.TestCase):
                                             "gpuguard_torch_attach", "gpuguard_torch_detach",
                                             "gpuguard_torch_view", "gpuguard_backward",
                                             "gpuguard_torch_raise", "gpuguard_step_shape",
-                                            "gpuguard_step_needed", "gpuguard_uncaught"))
+                                            "gpuguard_step_needed", "gpuguard_uncaught",
+                                            "gpuguard_predict", "gpuguard_set_batch_why"))
+        self.assertIsNone(older.predict(0, 1000))          # a shim before the memory model
         self.assertFalse(older.has("gpuguard_torch_raise"))  # a shim before it: views swallow
         self.assertFalse(older.has("gpuguard_torch_view"))   # a shim before the instrumentation
         self.assertFalse(older.has("gpuguard_step_shape"))   # a shim before steps in shapes
@@ -279,6 +281,37 @@ class GuardTest(Base):
         last = note.rstrip("\n").splitlines()[-2]   # the innermost frame
         self.assertIn("in test_signal_sets_flag_and_attaches_python_stack", last)
         self.assertLessEqual(len(note), gpuguard.NOTE_LIMIT + 512)
+
+    def test_a_failing_handler_is_counted_never_raised(self):
+        """The signal handler's note fails with an error nobody expects: the
+        loop never sees it, the flag is still set, and the error is counted
+        at its place (said on stderr only under GPUGUARD_DEBUG)."""
+        from gpuguard import _debug
+        g = self.guard(32)
+        before = _debug.counts.get(("trainer.Guard._on_signal", "LookupError"), 0)
+
+        def broken(text):
+            raise LookupError("no codec")
+        g._native.note = broken
+        os.kill(os.getpid(), SIG)
+        self.assertTrue(wait_for(lambda: g._flag))
+        self.assertEqual(_debug.counts[("trainer.Guard._on_signal", "LookupError")], before + 1)
+
+    def test_debug_says_what_was_swallowed_only_when_asked(self):
+        code = ("from gpuguard import _debug\n"
+                "_debug.swallowed('here', KeyError('k'))\n"
+                "_debug.swallowed('here', KeyError('k'))\n")
+        for value, said in (("1", True), ("", False), ("0", False)):
+            env = dict(os.environ, PYTHONPATH=PYDIR, GPUGUARD_DEBUG=value)
+            p = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, universal_newlines=True)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            if said:
+                self.assertEqual(p.stderr.count("gpuguard: debug: here swallowed KeyError"), 1,
+                                 p.stderr)
+                self.assertIn("swallowed 2 exception(s): here KeyError x2", p.stderr)
+            else:
+                self.assertEqual(p.stderr, "")
 
     def test_flag_without_advice_still_requests(self):
         g = self.guard(8)
@@ -444,7 +477,7 @@ class GuardTest(Base):
     def test_stack_trimmed(self):
         def ping(n):
             if n == 0:
-                return gpuguard._format_stack(sys._getframe())
+                return trainer._format_stack(sys._getframe())
             return pong(n - 1)
 
         def pong(n):
@@ -542,6 +575,190 @@ class StepShim(FakeShim):
         super(StepShim, self).__init__(**kw)
         self.steps = []
         self.gpuguard_step = self.STEP(self.steps.append)
+
+
+class ShapeShim(StepShim):
+    """A shim with the memory model (gpuguard_predict): once `ready`, a step
+    of t tokens is predicted to need base + per_token x t bytes (+ margin
+    beyond the largest input told), against a 20 GiB near-miss line."""
+
+    PREDICT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_ulonglong,
+                               ctypes.POINTER(_native.GpuguardPrediction))
+    SHAPE = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_longlong), ctypes.c_int, ctypes.c_int)
+    LINE = 20 << 30
+
+    def __init__(self, **kw):
+        super(ShapeShim, self).__init__(**kw)
+        self.ready = False
+        self.base, self.per_token = 2 << 30, 512 << 10   # 512 KiB a token
+        self.margin = 0
+        self.beyond_share = 5       # beyond the largest input told: + 1/5 of the prediction
+        self.most = 0
+        self.asked, self.shapes = [], []
+        self.max_tokens = 0
+        self.gpuguard_predict = self.PREDICT(self._predict)
+        self.gpuguard_step_shape = self.SHAPE(self._shape)
+        self.whys = []
+        self.gpuguard_set_batch_why = self.SET_BATCH_WHY(self._set_batch_why)
+
+    SET_BATCH_WHY = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_char_p)
+
+    def _set_batch_why(self, b, a, why):
+        self._set_batch(b, a)
+        self.whys.append(why.decode() if why else None)
+
+    def _shape(self, dims, n, batch_dim):
+        shape = tuple(dims[i] for i in range(n))
+        self.shapes.append((shape, batch_dim))
+        t = 1
+        for d in shape:
+            t *= d
+        self.most = max(self.most, t)
+
+    def _predict(self, dev, tokens, out):
+        self.asked.append(tokens)
+        p = out.contents
+        p.line, p.steps, p.most_tokens = self.LINE, len(self.shapes), self.most
+        p.max_tokens = self.max_tokens
+        if not self.ready:
+            return 1
+        p.bytes = self.base + self.per_token * tokens
+        p.beyond = 1 if tokens > self.most else 0
+        p.margin = self.margin + (p.bytes // self.beyond_share if p.beyond and
+                                  self.beyond_share else 0)
+        return 0
+
+
+def tokens(b, t):
+    """Token ids [b, t] as the splitter sees them."""
+    return FakeArray(range(b), (t,))
+
+
+class SizingTest(Base):
+    """Each batch sized by its shape before it runs (the shim's model)."""
+
+    def setUp(self):
+        super(SizingTest, self).setUp()
+        self.fake = ShapeShim()
+        _native.set_library(self.fake)
+
+    def test_before_the_model_has_data_the_split_is_as_today(self):
+        g = self.guard(8)
+        self.assertEqual(len(g.microbatches(tokens(8, 7556))), 1)  # no model: whole
+        self.fake.advise()
+        with self.assertLogs("gpuguard", logging.WARNING) as logs:
+            self.assertEqual(len(g.microbatches(tokens(8, 500))), 2)  # advised: halved, kept
+        self.assertIn("(advice #1, near_miss)", logs.output[0])
+        self.assertEqual(self.fake.whys, ["advice"])
+        self.assertEqual(len(g.microbatches(tokens(8, 500))), 2)
+        self.assertEqual([s for s, _ in self.fake.shapes], [(8, 7556), (8, 500), (8, 500)])
+        g.finish()
+        self.assertEqual(g.sizing, {"whole": 1, "split_by_shape": 0, "split": 2, "redone": 0})
+
+    def test_a_long_batch_is_split_before_it_runs_and_the_rest_run_whole(self):
+        g = self.guard(8)
+        self.fake.ready = True
+        self.fake.beyond_share = 0
+        sizes = []
+        with self.assertLogs("gpuguard", logging.WARNING) as logs:
+            for t in (700, 900, 7556, 600, 4100, 800):
+                pieces = g.microbatches(tokens(8, t))
+                sizes.append([len(p) for p in pieces])
+                self.assertAlmostEqual(sum(p.weight for p in pieces), 1.0)
+                self.assertEqual(sum(len(p) for p in pieces), 8)
+            g.finish()
+        # 8 x 7556: 2 + 0.5 x 60 448 MiB = 31.5 GiB; 4 pieces of 2: 9.4 GiB;
+        # 3 pieces (3, 3, 2): 13.1 GiB; 2 of 4: 16.8 GiB: the fewest under 20 GiB.
+        self.assertEqual(sizes, [[8], [8], [4, 4], [8], [8], [8]])
+        self.assertEqual(logs.output[0], "WARNING:gpuguard:gpuguard: batch 3: 8 x 7 556 tokens, "
+                         "predicted 31.5 GiB over the 20.0 GiB line: 2 pieces")
+        self.assertEqual(g.sizing, {"whole": 5, "split_by_shape": 1, "split": 0, "redone": 0})
+        self.assertIn("6 batches: 5 whole, 1 split by their shape, 0 redone", logs.output[-1])
+        # the shim hears the piece's shape (what the step's peak follows) and the batch
+        self.assertEqual(self.fake.shapes[2], ((4, 7556), 0))
+        self.assertEqual(self.fake.set_calls[1:], [(4, 2), (8, 1)])
+        self.assertEqual(self.fake.whys, ["shape", "shape"])     # the batch events' reason
+        self.assertEqual([h["reason"] for h in g.history], ["shape", "shape"])
+
+    def test_the_split_grows_back_after_an_advice(self):
+        g = self.guard(8)
+        g.microbatches(tokens(8, 500))
+        self.fake.advise()
+        with self.assertLogs("gpuguard", logging.WARNING):
+            self.assertEqual(len(g.microbatches(tokens(8, 500))), 2)  # no model yet: as advised
+        self.fake.ready = True
+        self.fake.advise()
+        self.assertEqual(len(g.microbatches(tokens(8, 500))), 1)  # predicted to fit: whole
+        self.assertEqual(self.fake.acks, [1, 2])
+
+    def test_beyond_every_input_seen_the_margin_counts_and_is_said_once(self):
+        g = self.guard(8)
+        self.fake.ready = True
+        g.microbatches(tokens(8, 1000))
+        # 8 x 4000 alone: 2 + 15.6 = 17.6 GiB, under the line; + 20% beyond: 21.1 GiB
+        with self.assertLogs("gpuguard", logging.WARNING) as logs:
+            self.assertEqual(len(g.microbatches(tokens(8, 4000))), 2)
+            self.assertEqual(len(g.microbatches(tokens(8, 4500))), 2)
+        self.assertIn("batch 2: 8 x 4 000 tokens, predicted 17.6 GiB + 3.5 GiB margin over the "
+                      "20.0 GiB line: 2 pieces", logs.output[0])
+        said = [l for l in logs.output if "larger than any" in l]
+        self.assertEqual(len(said), 1)
+        self.assertIn("batch 2 is larger than any the run has seen (32 000 tokens, the largest "
+                      "so far 8 000)", said[0])
+        self.assertEqual(len(g.microbatches(tokens(8, 4000))), 2)   # pieces seen, not the whole
+        self.assertEqual(len(g.microbatches(tokens(8, 1500))), 1)   # within what was seen
+
+    def test_the_policys_max_tokens_applies_from_the_first_batch(self):
+        g = self.guard(8)
+        self.fake.max_tokens = 8 * 2000                 # [trainer] max_tokens = 16000
+        with self.assertLogs("gpuguard", logging.WARNING) as logs:
+            self.assertEqual([len(p) for p in g.microbatches(tokens(8, 7556))], [2] * 4)
+        self.assertEqual(logs.output[0], "WARNING:gpuguard:gpuguard: batch 1: 8 x 7 556 tokens, "
+                         "over the policy's max_tokens 16 000: 4 pieces")
+        self.assertEqual(len(g.microbatches(tokens(8, 1500))), 1)   # under it: whole
+        self.fake.ready = True                          # the model says 8 x 3000 fits,
+        self.assertEqual(len(g.microbatches(tokens(8, 3000))), 2)   # the cap does not
+        g.finish()
+        self.assertEqual(g.sizing["split_by_shape"], 2)
+
+    def test_pieces_never_below_min_batch_size(self):
+        g = self.guard(8, min_batch_size=4)
+        self.fake.ready = True
+        with self.assertLogs("gpuguard", logging.WARNING):
+            pieces = g.microbatches(tokens(8, 40000))  # over the line even in pieces of 1
+        self.assertEqual([len(p) for p in pieces], [4, 4])
+
+    def test_ranks_take_the_largest_split(self):
+        torch = fake_torch(lambda mine: [1, 3])        # the other rank's batch needs 3
+        p = mock.patch.dict(sys.modules, {"torch": torch})
+        p.start()
+        self.addCleanup(p.stop)
+        g = self.guard(8)
+        self.fake.ready = True
+        self.assertEqual([len(x) for x in g.microbatches(tokens(8, 500))], [3, 3, 2])
+        self.assertEqual(len(torch.reduced), 1)         # one all-reduce a batch
+        self.assertEqual(self.fake.shapes[-1], ((3, 500), 0))  # the pieces that run, told
+
+    def test_run_redoes_a_batch_the_model_misjudged_and_counts_it(self):
+        torch = fake_torch()
+        torch.cuda.OutOfMemoryError = OOM
+        p = mock.patch.dict(sys.modules, {"torch": torch})
+        p.start()
+        self.addCleanup(p.stop)
+        g = self.guard(8)
+        self.fake.ready = True
+        calls = []
+
+        def step(mb):
+            calls.append(len(mb))
+            if len(mb) * mb.data.shape[1] > 8 * 2000:    # more than the model thinks
+                raise OOM("CUDA out of memory. Tried to allocate 2.00 GiB")
+        with self.assertLogs("gpuguard", logging.WARNING):
+            g.run(tokens(8, 3000), step, lambda: None)
+            g.run(tokens(8, 500), step, lambda: None)
+            g.finish()
+        self.assertEqual(calls, [8, 4, 4, 8])            # redone in halves, then whole again
+        self.assertEqual(g.sizing, {"whole": 1, "split_by_shape": 0, "split": 0, "redone": 1})
 
 
 class MicrobatchTest(Base):

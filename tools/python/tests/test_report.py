@@ -539,6 +539,71 @@ class TagBalance(html.parser.HTMLParser):
         self.text.append(data)
 
 
+def journal_sized():
+    """A run whose helper sized its batches by shape: step lines with the
+    peak predicted before each ran, and the model in the summary."""
+    ev = [{"t": 0.0, "ev": "start", "pid": 7, "comm": "python", "host": "h", "rank": None,
+           "version": "0.1.0", "mode": "enforce",
+           "devices": [{"dev": 0, "name": "NVIDIA GeForce RTX 3090", "total": 24 * GiB,
+                        "cc": "8.6", "policy": "/p/x.ini", "limit": 6 * GiB,
+                        "near_miss": 256 * MiB}]}]
+    for step in range(1, 11):
+        tokens = 8 * (500 + 100 * step)
+        need = GiB + tokens * 150 * 1024
+        e = {"t": float(step), "ev": "step", "step": step, "dev": 0, "peak": need + 64 * MiB,
+             "peak_used": need + 64 * MiB, "live": GiB, "shape": [8, tokens // 8],
+             "tokens": tokens, "needed": need}
+        if step > 3:   # predicted from the fourth step on; step 7 off by +10%
+            e["predicted"] = need + need // 10 if step == 7 else need
+        ev.append(e)
+    ev.append({"t": 11.0, "ev": "summary", "duration": 11.0, "devices": [
+        {"dev": 0, "name": "NVIDIA GeForce RTX 3090", "total": 24 * GiB, "limit": 6 * GiB,
+         "peak": 3 * GiB, "peak_used": 3 * GiB, "allocs": 10, "frees": 9, "near_misses": 0,
+         "refusals": 0, "ooms": 0, "live_bytes": GiB, "live_allocs": 1, "steps": 10,
+         "model": {"steps": 10, "most_tokens": 12000, "intercept": float(GiB),
+                   "per_token": 150.0 * 1024, "per_token2": 0.0, "sigma": 8.0 * MiB}}]})
+    return ev
+
+
+class SizedReportTest(ReportTestBase):
+    def test_predicted_against_measured_and_the_model(self):
+        j = write_journal(os.path.join(self.tmp, "gpuguard.python.7.jsonl"), journal_sized())
+        rc, out, err = self.main(j)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("Batches sized by their shape: 7 steps predicted before they ran; "
+                      "predicted against measured: median error 0.0%, the largest +10.0% "
+                      "(step 7: predicted 2.6 GiB, measured 2.4 GiB)", out)
+        self.assertIn("the run's memory model at exit: 1 GiB + 150 KiB per token (+- 8 MiB), "
+                      "from 10 steps with a shape, the largest 12 000 tokens", out)
+        html_out = os.path.join(self.tmp, "r.html")
+        rc, _, err = self.main("--html", html_out, j)
+        self.assertEqual(rc, 0, err)
+        with open(html_out, encoding="utf-8") as f:
+            page = f.read()
+        ET.fromstring(page[len("<!DOCTYPE html>"):])               # well-formed
+        self.assertEqual(page.count('class="mark-predicted"><title>step '), 7)
+        self.assertIn("step 7 (9600 tokens): predicted 2.6 GiB, measured 2.4 GiB", page)
+
+    def test_recommend_proposes_the_largest_input_that_fit(self):
+        events = journal_sized()
+        # step 10 (12 000 tokens) peaked over the near-miss line (5.75 GiB): not proposed
+        events[10]["peak_used"] = 5 * GiB + 900 * MiB
+        j = write_journal(os.path.join(self.tmp, "gpuguard.python.7.jsonl"), events)
+        out_dir = os.path.join(self.tmp, "pol")
+        rc, out, err = self.main("--recommend", "--out", out_dir, j)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("max_tokens: 11 200 (the largest input, in elements, a step of the run "
+                      "held under the near-miss line", out)
+        if os.path.isdir(out_dir):
+            for name in os.listdir(out_dir):
+                with open(os.path.join(out_dir, name)) as f:
+                    self.assertIn("\nmax_tokens = 11200\n", f.read())
+
+    def test_no_section_without_predictions(self):
+        rc, out, err = self.main(self.j0)
+        self.assertNotIn("sized by their shape", out)
+
+
 class HtmlReportTest(ReportTestBase):
     def render(self, *journals):
         out = os.path.join(self.tmp, "report.html")

@@ -119,8 +119,27 @@ class PackageShapeTest(unittest.TestCase):
                     else:
                         self.assertTrue(mod.startswith("journal."), (dotted, mod))
 
+    def test_report_and_journal_never_load_the_helper(self):
+        """The package root is thin: the report (what gpuguard-report runs)
+        and the journal reader load neither gpuguard.trainer nor
+        gpuguard._native; `import gpuguard` alone loads no helper either,
+        and gpuguard.Guard is the helper's."""
+        out = run("import sys\n"
+                  "import gpuguard.report, gpuguard.journal\n"
+                  "print(sorted(m for m in sys.modules if m in\n"
+                  "             ('gpuguard.trainer', 'gpuguard._native', 'gpuguard._split')))\n")
+        self.assertEqual(out.strip(), "[]")
+        out = run("import sys, gpuguard\n"
+                  "print('gpuguard.trainer' in sys.modules)\n"
+                  "from gpuguard import Guard, UsageError\n"
+                  "import gpuguard.trainer as t\n"
+                  "print(Guard is t.Guard, gpuguard.MicroBatches is t.MicroBatches,\n"
+                  "      UsageError is t.UsageError, t.__version__ == gpuguard.__version__)\n")
+        self.assertEqual(out.split(), ["False", "True", "True", "True", "True"])
+
     def test_helper_imports_neither(self):
-        for level, mod, names in imports(os.path.join(PKG, "__init__.py")):
+        for level, mod, names in imports(os.path.join(PKG, "trainer.py")) + \
+                imports(os.path.join(PKG, "__init__.py")):
             where = mod.split(".") + list(names)
             for sub in SUBPACKAGES:
                 self.assertNotIn(sub, where, (level, mod, names))

@@ -4,7 +4,7 @@
 on the fake GPU:
 
     torchjob.py JOB OUT.json [ARG]    JOB: micro, run, inert, backward, dist,
-                                      dist-run, hf, lightning (ARG "real": the
+                                      dist-run, shape, hf, lightning (ARG "real": the
                                       installed library instead of the
                                       stand-ins), readme (ARG: a file holding a
                                       README loop)
@@ -58,6 +58,8 @@ PLANS = {
     # they are far from its line)
     "near-small": (6 << 30, [100, 100, 100, 136, 136, 136, 272, 272]),
     "refuse-small": (6 << 30, [100, 100, 100, 160, 160, 160, 320, 320]),
+    # the shape job's: 12 GiB of weights, activations by tokens (TokenModel)
+    "shape": (12 << 30, [0] * BATCHES),
     # "near" for the adapters' batches of 16 (two per optimizer step)
     "near-16": (12 << 30, [400, 400, 400, 540, 540, 540, 1080, 1080]),
 }
@@ -441,6 +443,77 @@ def job_dist_run(ctx):
     return result
 
 
+# --- batches sized by their shape -----------------------------------------------
+
+#: The lengths of the shape job's batches ([BATCH, length, FEATURES]): mostly
+#: short, two long ones. Its fake GPU holds 12 GiB of weights and 1 MiB of
+#: activations per token (sample x length): on a 3090 (near-miss line 20.4
+#: GiB) batches 6 and 9 whole need 24.5 and 23.9 GiB, in halves 18.3 and
+#: 17.9; the rest fit whole.
+SHAPE_LENGTHS = [60, 100, 80, 120, 90, 400, 70, 110, 380, 85, 95, 75]
+
+
+def shape_data(rank):
+    g = torch.Generator().manual_seed(2000 + rank)
+    return [torch.randn(BATCH, n, FEATURES, generator=g) for n in SHAPE_LENGTHS]
+
+
+class TokenModel(Model):
+    """Model whose forward pass costs 1 MiB of fake device memory a token."""
+
+    def forward(self, x):
+        gpu = self.gpu
+        if gpu.lib is not None:
+            gpu.lib.tl_free(gpu.alloc(x.shape[0] * x.shape[1] * MiB))
+            gpu.lib.tl_empty_cache()
+        return self.net(x)
+
+
+def job_shape(ctx):
+    """Guard.run() on batches of long-tailed lengths: the shim's model sizes
+    each before it runs (two ranks over gloo when WORLD_SIZE is 2, gradients
+    all-reduced after each batch). The reference: the same model from the
+    same start on whole batches, no pressure."""
+    import gpuguard
+    dist = ctx.init_distributed() if ctx.world > 1 else None
+    model = TokenModel(ctx.gpu)
+    model.load_state_dict(ctx.start)
+    opt = make_optimizer(model)
+    guard = gpuguard.Guard(batch_size=BATCH)
+    data, pieces = shape_data(ctx.rank), []
+
+    def step(mb):
+        pieces[-1].append(len(mb))
+        loss = loss_fn(model(mb.data), mb.data) * mb.weight
+        loss.backward()
+
+    for x in data:
+        pieces.append([])
+        guard.run(x, step, opt.zero_grad)
+        if dist is not None:
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad /= ctx.world
+        opt.step()
+        opt.zero_grad()
+    guard.finish()
+    ref = copy_of(ctx.start)
+    ref_opt = make_optimizer(ref)
+    every = [shape_data(r) for r in range(ctx.world)]
+    for i in range(len(SHAPE_LENGTHS)):
+        x = torch.cat([d[i] for d in every])
+        loss_fn(ref(x), x).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    out = {"rank": ctx.rank, "params": params(model), "reference": params(ref),
+           "pieces": pieces, "sizing": guard.sizing, "ooms": guard.ooms,
+           "history": guard.history}
+    if dist is not None:
+        dist.barrier()
+        dist.destroy_process_group()
+    return out
+
+
 # --- the adapters ---------------------------------------------------------------
 
 HALF = BATCH // 2  # the adapters' loader batch: two per optimizer step (accumulation 2)
@@ -682,7 +755,7 @@ class _nothing(object):
 
 JOBS = {"micro": job_micro, "run": job_run, "inert": job_inert, "backward": job_backward,
         "dist": job_dist,
-        "dist-run": job_dist_run, "hf": job_hf, "lightning": job_lightning,
+        "dist-run": job_dist_run, "shape": job_shape, "hf": job_hf, "lightning": job_lightning,
         "readme": job_readme}
 
 

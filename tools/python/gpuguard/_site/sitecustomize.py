@@ -48,6 +48,17 @@ def _on(name):
     return _os.environ.get(name, "").strip().lower() in ("1", "yes", "true", "on")
 
 
+def _swallowed(where, e):
+    """An error gpuguard's start-up dropped (never the program's): said on
+    stderr under GPUGUARD_DEBUG, else nothing."""
+    try:
+        if _on("GPUGUARD_DEBUG"):
+            _sys.stderr.write("gpuguard: debug: sitecustomize %s swallowed %s: %s\n"
+                              % (where, type(e).__name__, e))
+    except Exception:  # noqa: stderr closed: nothing to say it on
+        pass
+
+
 def _made_for():
     """Is this the interpreter the instrumentation is made for: CPython 3.6
     or later, running as the process's own program (an interpreter embedded
@@ -129,8 +140,9 @@ class _TorchWatcher(object):
                 spec = find(fullname, path, target)
                 if spec is not None:
                     break
-        except Exception:
-            return None  # the import system will meet the same error itself
+        except Exception as e:  # noqa: a finder's; the import system will meet it itself
+            _swallowed("find_spec", e)
+            return None
         finally:
             self._busy.discard(me)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
@@ -198,15 +210,15 @@ def _install(torch):
         ti = _own_module("torch_instrument")
         if ti is not None:
             ti.install(torch)
-    except Exception:
-        pass  # the program runs as it would without gpuguard's instrumentation
+    except Exception as e:  # the program runs as it would without gpuguard's instrumentation
+        _swallowed("torch_instrument", e)
     if _os.environ.get("GPUGUARD_PREFLIGHT"):  # a gpuguard-preflight run, on the simulated GPU
         try:
             probe = _own_module("preflight.probe")
             if probe is not None:
                 probe.install(torch)
-        except Exception:
-            pass
+        except Exception as e:
+            _swallowed("preflight.probe", e)
 
 
 def _watch():
@@ -278,6 +290,6 @@ try:
     _unpath()
     if _made_for():
         _watch()
-except Exception:
-    pass
+except Exception as e:  # never into the program's start-up
+    _swallowed("start-up", e)
 _chain()

@@ -12,6 +12,7 @@ from .incidents import STACK_EVENTS, Incidents
 from .limits import RECENT_FAILURES, RECENT_STEPS
 from .phases import Phases
 from .series import StepSeries, Thinned, Timeline, fit_line
+from .sizing import Sizing
 from .values import as_int, as_str, num
 from .workload import Workload
 
@@ -56,6 +57,7 @@ class Device(object):
         self.peers = 0                 # the most other guarded processes seen on it at once
         self.peers_peak = None         # the most they held or claimed at once
         self.work = Workload()         # steps' inputs and needs, failures' outcomes
+        self.sizing = Sizing()         # steps' predicted peaks beside their measured ones
 
     # What a device's entry says: the start's all of these, the summary's
     # the first of each.

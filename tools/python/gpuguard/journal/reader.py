@@ -274,6 +274,7 @@ class Journal(object):
                 d.step_peak = peak
         d.phases.step(step, peak)
         d.work.step(ev, step, peak)
+        d.sizing.step(ev, step, d.near_line)
         pu = num(ev.get("peak_used"))
         if pu is not None and (d.max_used is None or pu > d.max_used):
             d.max_used = pu

@@ -222,9 +222,9 @@ def max_tokens(model_batches, best):
     sample of the runs (their peak step's input) times that batch, when every
     run's input grew with its batch alike.
 
-    The seam for a shape model (issue 31: the per-batch peak as a function of
-    the input's elements, and [trainer] max_tokens): when one is built, its
-    max_tokens comes in here instead of this proportion."""
+    Preflight runs each batch at one length, so the proportion is exact for
+    its runs; a run of varied lengths learns its own budget from the shim's
+    memory model instead (gpuguard-report --recommend, docs/trainer.md)."""
     per = set()
     for b in model_batches:
         if b.batch is None or not b.tokens:

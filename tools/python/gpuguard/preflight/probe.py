@@ -42,6 +42,8 @@ import sys
 import threading
 import time
 
+from .. import _debug
+
 __all__ = ["install", "STATE"]
 
 STATE = None
@@ -71,7 +73,8 @@ def install(torch):
         STATE = _Probe(torch, path, max(0, steps))
         STATE.start()
         return STATE
-    except Exception:
+    except Exception as exc:
+        _debug.swallowed("preflight.probe.install", exc)
         return None
 
 
@@ -152,7 +155,8 @@ class _Probe(object):
                     best = self._larger(best, a)
                 if best is not None and (self.input is None or best[0] > self.input[0]):
                     self.input = best
-        except Exception:
+        except Exception as exc:
+            _debug.swallowed("preflight.probe._on_forward_pre", exc)
             pass
 
     def _larger(self, best, a):
@@ -191,7 +195,8 @@ class _Probe(object):
                     return
                 s = self.sites[key] = [0, self.steps + 1, f.f_code.co_name]
             s[0] += 1
-        except Exception:
+        except Exception as exc:
+            _debug.swallowed("preflight.probe._site", exc)
             pass
 
     def _wrap(self, owner, name, kind, when):
@@ -205,7 +210,8 @@ class _Probe(object):
             try:
                 if when(args, kwargs):
                     site(kind, name)
-            except Exception:
+            except Exception as exc:
+                _debug.swallowed("preflight.probe.wrapper", exc)
                 pass
             return original(*args, **kwargs)
         wrapper._gpuguard_preflight = True
@@ -257,7 +263,8 @@ class _Probe(object):
         def attach():
             try:
                 self.torch._C._cuda_attach_out_of_memory_observer(self._on_oom)
-            except Exception:
+            except Exception as exc:
+                _debug.swallowed("preflight.probe.attach", exc)
                 pass
         if cuda.is_initialized():
             attach()
@@ -311,7 +318,8 @@ class _Probe(object):
             if cuda.is_initialized():
                 cuda.reset_peak_memory_stats()
             self._note_dist()
-        except Exception:
+        except Exception as exc:
+            _debug.swallowed("preflight.probe._on_step", exc)
             return
         if self.stop_at and self.steps >= self.stop_at:
             self.stopped = True
@@ -326,7 +334,8 @@ class _Probe(object):
             if d is not None and d.is_available() and d.is_initialized():
                 self.dist = {"backend": str(d.get_backend()), "world": int(d.get_world_size())}
                 self.write(dict(ev="dist", **self.dist))
-        except Exception:
+        except Exception as exc:
+            _debug.swallowed("preflight.probe._note_dist", exc)
             pass
 
     # --- the end -------------------------------------------------------------------
@@ -341,7 +350,8 @@ class _Probe(object):
         self.ended = True
         try:
             reserved, needed = self._running()
-        except Exception:
+        except Exception as exc:
+            _debug.swallowed("preflight.probe._end", exc)
             reserved, needed = self.max_reserved, self.max_needed
         sites = [{"kind": k, "op": op, "file": file, "line": line, "func": v[2], "count": v[0],
                   "first_step": v[1]} for (k, op, file, line), v in self.sites.items()]
@@ -352,7 +362,8 @@ class _Probe(object):
     def _at_exit(self):
         try:
             self._end("exit")
-        except Exception:
+        except Exception as exc:
+            _debug.swallowed("preflight.probe._at_exit", exc)
             pass
 
     def _sampler(self):
@@ -364,5 +375,6 @@ class _Probe(object):
                 reserved, needed = self._running()
                 self.write({"ev": "sample", "steps": self.steps, "max_reserved": reserved,
                             "max_needed": needed})
-            except Exception:
+            except Exception as exc:
+                _debug.swallowed("preflight.probe._sampler", exc)
                 pass

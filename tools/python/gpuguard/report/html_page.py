@@ -14,6 +14,7 @@ from .groups import GROUPS_SHOWN, line_group_lines
 from .markup import esc
 from .recommendation import recommend_text
 from .rows import device_rows
+from .sizing import sizing_lines, svg_sizing
 from .svg import svg_steps, svg_timeline
 from .text import header, journal_notes, peak_time, site_views
 from .torchtext import backward_lines, torch_blocks
@@ -49,6 +50,7 @@ svg .line-step-live { fill: none; stroke: #1f5fbf; stroke-width: 1.5; }
 svg .trend-peak { stroke: #e07b00; stroke-width: 1.5; stroke-dasharray: 5 3; }
 svg .trend-live { stroke: #1f5fbf; stroke-width: 1.5; stroke-dasharray: 5 3; }
 svg .line-near { stroke: #ff9900; stroke-width: 1; stroke-dasharray: 3 3; }
+svg .mark-predicted { fill: #7b3fbf; stroke: none; }
 svg .mark-forecast { fill: #7b3fbf; stroke: #3d1f60; }
 svg .mark-leak { fill: #d62728; stroke: #700; }
 """
@@ -123,6 +125,12 @@ def html_report(journals, failed, opts):
             a(svg_timeline(j, d))
             if d.step_series.n:
                 a(svg_steps(j, d))
+            chart = svg_sizing(d)
+            if chart is not None or sizing_lines(d):
+                a("<h4>Batches sized by their shape</h4>")
+                a("<pre>%s</pre>" % esc("\n".join(sizing_lines(d))))
+                if chart is not None:
+                    a(chart)
             sites = (d.summary or {}).get("peak_sites")
             tree = site_tree(sites, opts.depth, opts.top_down, site_views(j, d)) \
                 if isinstance(sites, list) else None

@@ -55,7 +55,11 @@ def policy_text(r, sources):
         lines.append("mode = %s" % r.mode)
     lines += ["", "[trainer]", "batch_size = %d" % r.batch, "grad_accum = %d" % r.accum,
               "; the Python helper starts from this batch when the script's is larger",
-              "apply_batch = yes", ""]
+              "apply_batch = yes"]
+    if getattr(r, "max_tokens", None):
+        lines += ["; the largest input per micro-batch a step held under the near-miss line",
+                  "max_tokens = %d" % r.max_tokens]
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ import os
 from collections import OrderedDict
 
 from ..journal.values import num
-from .formatting import fmt_bytes, plural
+from .formatting import fmt_bytes, fmt_count, plural
 from .stepfit import fit as step_fit
 
 
@@ -38,6 +38,7 @@ class Recommendation(object):
         self.advised_off = None    # (batch, step): the smallest batch the run was advised off
         self.covers = None         # what the recommendation covers, said
         self.refused_fit = None    # a step fit the run contradicts, said
+        self.max_tokens = None     # the largest input a step held under the line ([trainer])
 
     def predict(self, b):
         c, k = self.line
@@ -101,6 +102,9 @@ def recommend(journals):
                 pu, pk = num(d.summary.get("peak_used")), num(d.summary.get("peak"))
                 if pu is not None and pk is not None:
                     r.other = max(r.other, pu - pk)
+            fit = d.sizing.fit_tokens
+            if fit is not None and (r.max_tokens is None or fit > r.max_tokens):
+                r.max_tokens = fit
             if d.limit is not None and d.near is not None:
                 room = d.limit - d.near
                 if r.cap is None or room - r.other < r.cap:
@@ -327,6 +331,12 @@ def shape_text(r):
     return "each batch of %d whole (effective %d)" % (r.effective, r.effective)
 
 
+def max_tokens_text(r):
+    return ("max_tokens: %s (the largest input, in elements, a step of the run held under the "
+            "near-miss line; the helper splits any batch larger from the start)"
+            % fmt_count(r.max_tokens))
+
+
 def recommend_text(recs, written=None):
     out = ["Recommendation for the next run (--recommend):"]
     if not recs:
@@ -334,9 +344,13 @@ def recommend_text(recs, written=None):
     for r in recs:
         if r.batch is None:
             out.append("  %s: no recommendation: %s" % (r.name, r.need))
+            if r.max_tokens:
+                out.append("    " + max_tokens_text(r))
             continue
         out.append("  %s: %s" % (r.name, shape_text(r)))
         out.append("    why: %s" % r.why)
+        if r.max_tokens:
+            out.append("    " + max_tokens_text(r))
         if r.covers:
             out.append("    covers: %s" % r.covers)
         if written and r.name in written:

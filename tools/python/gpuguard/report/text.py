@@ -15,6 +15,7 @@ from .formatting import fmt_bytes, fmt_count, fmt_t, fmt_wall, plural
 from .groups import GROUPS_SHOWN, group_line, line_group_lines
 from .recommendation import recommend_text
 from .rows import device_rows
+from .sizing import sizing_lines
 from .torchtext import backward_lines, torch_block_text, torch_blocks
 from .tree import peak_tree_lines, site_tree
 from .verdict import outcomes_text, verdict, with_outcomes
@@ -238,6 +239,12 @@ def device_text(w, j, d, opts):
         if rest:
             w("     %s more from %s" % (fmt_count(sum(g["count"] for g in rest)),
                                         plural(len(rest), "other Python line")))
+
+    said = sizing_lines(d)
+    if said:
+        w("")
+        for line in said:
+            w("   " + line)
 
     if d.advice.n:
         adv = d.advice
