@@ -599,6 +599,30 @@ class SizedReportTest(ReportTestBase):
                 with open(os.path.join(out_dir, name)) as f:
                     self.assertIn("\nmax_tokens = 11200\n", f.read())
 
+    def test_recommend_on_a_sized_run_keeps_its_batch_and_bounds_the_input(self):
+        """A run sized by shape ran batch 8 whole, and 4 x 2 for its long
+        inputs: its batch sizes are pieces, not choices, so no line through
+        them; the proposal is the batch it ran, with max_tokens."""
+        events = journal_sized()
+        events[10]["peak_used"] = 5 * GiB + 900 * MiB
+        batch = {"ev": "batch", "dev": 0, "peak": 2 * GiB}
+        events.insert(1, dict(batch, t=0.5, batch_size=8, grad_accum=1, was_batch_size=8))
+        events.insert(8, dict(batch, t=6.5, batch_size=4, grad_accum=2, was_batch_size=8,
+                              was_grad_accum=1, reason="shape"))
+        events.insert(10, dict(batch, t=7.5, batch_size=8, grad_accum=1, was_batch_size=4,
+                               was_grad_accum=2, reason="shape"))
+        for e in events:
+            if e["ev"] == "step" and e["step"] == 7:
+                e["peak"] = e["peak_used"] = e["needed"] // 2 + 64 * MiB  # a piece of 4
+        j = write_journal(os.path.join(self.tmp, "gpuguard.python.7.jsonl"), events)
+        rc, out, err = self.main("--recommend", j)
+        self.assertEqual(rc, 0, err)
+        rec = out[out.index("Recommendation for the next run"):]
+        self.assertIn("NVIDIA GeForce RTX 3090: each batch of 8 whole (effective 8)", rec)
+        self.assertIn("the run sized each batch by its shape (2 changes of the split)", rec)
+        self.assertNotIn("x batch from", rec)
+        self.assertIn("max_tokens: 11 200", rec)
+
     def test_no_section_without_predictions(self):
         rc, out, err = self.main(self.j0)
         self.assertNotIn("sized by their shape", out)

@@ -40,6 +40,7 @@ class Phases(object):
         self.last_step = None    # the number of the last `step` line, any phase
         self.step_lines = 0
         self.thinning = False    # steps skipped past the 100th line: the shim thins
+        self.by_shape = 0        # changes of the split for a batch's shape (reason shape)
 
     @staticmethod
     def _phase(b, a, t0):
@@ -58,12 +59,14 @@ class Phases(object):
             else:
                 self.tail.append(ch)
 
-    def batch(self, t, b, a, peak, d, was=None, was_accum=None):
+    def batch(self, t, b, a, peak, d, was=None, was_accum=None, reason=None):
         """A `batch` event: the trainer runs b x a from now on; `peak` is
         the phase that ends, whose batch the event says as `was` when the
         journal has no phase open (the first event of a trainer that set
         its batch before the shim started)."""
         self.events += 1
+        if reason == "shape":
+            self.by_shape += 1
         a = a if a is not None and a >= 1 else 1
         if self.cur is None and self.before is not None and was is not None and was >= 1:
             c = self.before

@@ -292,7 +292,7 @@ class Journal(object):
         d = self.device(ev.get("dev", 0))
         d.phases.batch(t, as_int(ev.get("batch_size")), as_int(ev.get("grad_accum")),
                        num(ev.get("peak")), d, as_int(ev.get("was_batch_size")),
-                       as_int(ev.get("was_grad_accum")))
+                       as_int(ev.get("was_grad_accum")), ev.get("reason"))
 
     def _ev_mode(self, ev, t):
         d = self.device(ev.get("dev", 0))

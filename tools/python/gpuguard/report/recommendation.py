@@ -72,8 +72,10 @@ def recommend(journals):
         recs.append(r)
         peaks, needs, eff = {}, {}, None
         steps, fails, off = [], [], []
+        by_shape = 0
         for j, d in devs:
             ph = d.phases
+            by_shape += ph.by_shape
             other_d = d.other_max if d.other_max is not None else 0
             steps += ph.fit_points()
             fails += [(b, st, n - other_d) for b, st, n in ph.fail_points()]
@@ -139,6 +141,9 @@ def recommend(journals):
             r.need = "the journals do not give this GPU's limit and near-miss margin (start event)"
             continue
         r.advised_off = min(off) if off else None
+        if by_shape and r.max_tokens and eff and not r.bounds and not r.advised_off:
+            _as_sized(r, eff, by_shape)
+            continue
         hi = eff if eff else max(b for b, _, _ in r.points)
         if r.bounds:
             hi = min(hi, min(b for b, _ in r.bounds) - 1)
@@ -306,6 +311,18 @@ def _by_batch(r, hi, eff, pts):
     r.why = "%s; predicted %s <= %s" % (fit, fmt_bytes(r.predicted, 2), _margin(r))
     if r.advised_off and best == r.advised_off[0] - 1 and r.predict(best + 1) <= r.cap:
         r.covers = _advised_off_text(r)    # the fit alone would have said more
+
+
+def _as_sized(r, eff, changes):
+    """A run whose helper sized each batch by its shape: its batch sizes are
+    pieces of long inputs, not choices of the batch, so no line through
+    them; the batch it ran, with its largest input as the bound."""
+    _propose(r, eff, eff, None)
+    r.why = ("the run sized each batch by its shape (%s): a batch's peak followed its "
+             "tokens, not its batch size, so no fit against the batch; batch %d ran whole "
+             "while its input held at most max_tokens, and with max_tokens the helper splits "
+             "any longer batch before it runs, as this run did" % (
+                 plural(changes, "change") + " of the split", eff))
 
 
 def _propose(r, best, eff, predicted):
