@@ -622,6 +622,11 @@ class SizedReportTest(ReportTestBase):
         self.assertIn("the run sized each batch by its shape (2 changes of the split)", rec)
         self.assertNotIn("x batch from", rec)
         self.assertIn("max_tokens: 11 200", rec)
+        # and the batch's path says why it changed
+        rc, out, err = self.main(j)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("8 x 1 at 0.00 s -> 4 x 2 at 6.50 s (by shape) -> 8 x 1 at 7.50 s (by shape)",
+                      out)
 
     def test_no_section_without_predictions(self):
         rc, out, err = self.main(self.j0)

@@ -47,12 +47,12 @@ class Phases(object):
         return {"batch": b, "accum": a, "t0": t0, "step_peak": None, "sample_peak": None,
                 "event_peak": None, "need": None, "failed": 0, "thinned": False}
 
-    def _open(self, t, b, a):
+    def _open(self, t, b, a, reason=None):
         if self.effective is None or b * a > self.effective:
             self.effective = b * a
         prev = (self.tail or self.head or [None])[-1]
         if prev is None or (prev["batch"], prev["accum"]) != (b, a):
-            ch = {"t": t, "batch": b, "accum": a}
+            ch = {"t": t, "batch": b, "accum": a, "reason": reason}
             self.changes += 1
             if len(self.head) < PATH_HEAD:
                 self.head.append(ch)
@@ -87,7 +87,7 @@ class Phases(object):
         if b is None or b < 1:
             self.cur = None
             return
-        self._open(t, b, a)
+        self._open(t, b, a, reason)
         self.cur = self._phase(b, a, t)
 
     def sample(self, cur):

@@ -90,17 +90,22 @@ def consistent_trend(tr):
     return True
 
 
+# why the trainer changed its batch (a `batch` event's reason), after the change
+BATCH_WHY = {"shape": " (by shape)", "advice": " (advised)", "policy": " (policy)",
+             "oom": " (after an OOM)"}
+
+
 def batch_path(d):
     """`batch 32 x 1 at 0.00 s -> 16 x 2 at 12.0 min`: the trainer's batch
     from `batch` events, else the advised one from the advice."""
     ph = d.phases
     if ph.changes:
-        items = [(c["t"], c["batch"], c["accum"]) for c in ph.path()]
+        items = [(c["t"], c["batch"], c["accum"], c.get("reason")) for c in ph.path()]
         omitted = ph.changes - len(items)
         src = "trainer's batch x accum"
     else:
         runs = d.advice.kept_runs()
-        items = [(r["t0"], r["batch"], r["accum"]) for r in runs if r["batch"] is not None]
+        items = [(r["t0"], r["batch"], r["accum"], None) for r in runs if r["batch"] is not None]
         items = [it for i, it in enumerate(items) if i == 0 or it[1:] != items[i - 1][1:]]
         omitted = 0
         src = "advised batch x accum"
@@ -109,10 +114,11 @@ def batch_path(d):
     if not items:
         return None
     parts = []
-    for i, (t, b, a) in enumerate(items):
+    for i, (t, b, a, why) in enumerate(items):
         if i == PATH_HEAD and omitted:
             parts.append("(%s more changes)" % fmt_count(omitted))
-        parts.append("%s x %s at %s" % (as_str(b, "?"), as_str(a, "?"), fmt_t(t)))
+        parts.append("%s x %s at %s%s" % (as_str(b, "?"), as_str(a, "?"), fmt_t(t),
+                                          BATCH_WHY.get(why, "")))
     return "%s: %s" % (src, " -> ".join(parts))
 
 
