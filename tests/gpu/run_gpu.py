@@ -34,6 +34,11 @@ the journal it leaves:
               the predicted peak within 2% of max_memory_reserved() at the
               same step; the predicted device use against the device's
               own (recorded); the pip wheel's libraries stood in for by SONAME
+  sizing      Guard.run sizing each batch by its shape: a small transformer on
+              long-tailed documents, a near-miss line between the 4th and
+              5th highest unsplit peaks (measured alone in observe): the
+              batches that cross it split, at least 56 of 60 whole, nothing
+              refused or flushed after the first 10
 
 Prints one result line per check and "N passed, N failed"; the figures go to
 $GG_BUILD/gpu-report.json. With --traces DIR every run under the shim also
@@ -687,10 +692,12 @@ def run_script(r, name, script, args, policy_text):
                           text=True, timeout=CHILD_TIMEOUT)
     child = Child(proc, d)
     results = {}
+    child.results = []      # every RESULT line, in order
     for line in child.out.splitlines():
         if line.startswith("RESULT "):
             res = json.loads(line[len("RESULT "):])
             results[res.get("kind")] = res
+            child.results.append(res)
     verdict = ""
     if child.files:
         rep = subprocess.run([sys.executable, REPORT] + child.files, stdout=subprocess.PIPE,
@@ -821,6 +828,73 @@ def check_preflight(r, dev):
                                                fmt(figures["device_used"]), 100 * dev_off), figures)
 
 
+def check_sizing(r, dev):
+    """Each batch sized by its shape before it runs (tests/torch/scripts/
+    guard_lm.py through Guard.run under gpuguard-run): a small transformer on
+    long-tailed documents. First each batch's unsplit peak, whole and alone
+    (observe); then a near-miss line between the 4th and 5th highest of
+    those peaks, and the guarded run: every batch trains all its samples,
+    the batches split are those whose unsplit peak crosses the line (at most
+    one more, for the margin), at least 56 of 60 run whole, and after the
+    first 10 batches nothing is refused, raised or recovered by a flush."""
+    total = dev["total"]
+    near = 256 * MiB
+    observe = "[gpu]\nmatch = *\n[memory]\nmode = observe\n[trainer]\nsignal = none\n"
+    c0, _, _ = run_script(r, "sizing-alone", "guard_lm.py", ("--way", "measure"), observe)
+    alone = {x["step"]: x["max_reserved"] for x in c0.results if x.get("kind") == "alone"}
+    if c0.rc != 0 or len(alone) != 60:
+        raise CheckError("guard_lm.py --way measure: rc %s, %d batches: %s"
+                         % (c0.rc, len(alone), c0.tail()))
+    top = sorted(alone.values(), reverse=True)
+    line = (top[3] + top[4]) // 2
+    # the shim's line is the process's device memory: PyTorch's cache and
+    # what the libraries beside it hold (the measure run's excess over its
+    # cache at its peak)
+    others = max(0, c0.summary()["peak"] - max(alone.values()))
+    limit = line + others + near
+    guarded = ("[gpu]\nmatch = *\n[memory]\nheadroom = %d\nnear_miss = %d\nmode = auto\n"
+               % (total - limit, near))
+    c, res, _ = run_script(r, "sizing", "guard_lm.py", ("--way", "run"), guarded)
+    steps = [x for x in c.results if x.get("kind") == "step"]
+    crossing = sorted(st for st, p in alone.items() if p > line)
+    split = sorted(x["step"] for x in steps if x["pieces"] > 1)
+    problems = []
+    if c.rc != 0 or [x["step"] for x in steps] != list(range(1, 61)):
+        problems.append("the run did not finish its 60 batches (rc %s): %s" % (c.rc, c.tail()))
+    if any(sum(x["sizes"]) != 8 for x in steps):
+        problems.append("a batch did not train its 8 samples: %s"
+                        % [x for x in steps if sum(x["sizes"]) != 8][:3])
+    if not set(crossing) <= set(split) or len(split) > len(crossing) + 1:
+        problems.append("split %s, crossing the line %s" % (split, crossing))
+    if 60 - len(split) < 56:
+        problems.append("only %d of 60 batches ran whole" % (60 - len(split)))
+    late, after = [], False
+    for e in c.events:
+        if e.get("ev") == "step":
+            after = e.get("step", 0) >= 10
+            if after and e.get("flushes"):
+                late.append((e["step"], "flush"))
+        elif e.get("ev") in ("refused", "oom") and after:
+            late.append(e["ev"])
+    if late:
+        problems.append("after batch 10: %s" % late[:10])
+    preds = [e for e in c.of("step") if "predicted" in e and e.get("needed")]
+    errors = sorted(abs(e["predicted"] - (e["needed"] + e["peak_used"] - e["peak"]))
+                    / float(e["needed"] + e["peak_used"] - e["peak"]) for e in preds)
+    if problems:
+        raise CheckError("; ".join(problems))
+    figures = {"line": line, "limit": limit, "others": others, "crossing": crossing,
+               "split": split, "whole": 60 - len(split), "final": res.get("final"),
+               "predicted_steps": len(preds),
+               "median_error": errors[len(errors) // 2] if errors else None,
+               "largest_error": errors[-1] if errors else None}
+    return ("%d of 60 whole, split %s (crossing %s) under a %s line; predictions: median "
+            "error %s over %d steps" % (
+                60 - len(split), split, crossing, fmt(line),
+                "%.1f%%" % (100 * figures["median_error"]) if errors else "-", len(preds)),
+            figures)
+
+
 CHECKS = [
     ("peak", check_peak),
     ("refusal", check_refusal),
@@ -831,6 +905,7 @@ CHECKS = [
     ("nccl", check_nccl),
     ("instrument", check_instrument),
     ("preflight", check_preflight),
+    ("sizing", check_sizing),
 ]
 
 
