@@ -645,7 +645,9 @@ def check_nccl(r, dev):
             result(skip="no NCCL in this PyTorch")
             sys.exit(0)
         torch.cuda.set_device(0)
-        dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d", rank=0, world_size=1)
+        # the store without libuv, which not every build has (Debian's has none)
+        dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d?use_libuv=0", rank=0,
+                                world_size=1)
         t = torch.ones(1 << 20, device="cuda")
         dist.all_reduce(t)
         torch.cuda.synchronize()
