@@ -111,6 +111,13 @@ const struct gg_policy *gg_device_policy(int dev);
  * said through report). */
 int gg_devices_init(const struct gg_process *p, gg_report_fn report, void *ctx);
 
+/* The near-miss line: the limit less the near-miss margin, the device-wide
+ * use past which an allocation is a near miss (0 when the margin is all). */
+static inline uint64_t gg_device_line(const struct gg_device *d)
+{
+    return d->limit > d->near ? d->limit - d->near : 0;
+}
+
 /* Device-wide use as estimated now: the last reading, what this process
  * did since, and what the other guarded processes on the GPU did since, as
  * their slots said at the last look (folded into used_offset). */

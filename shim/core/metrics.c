@@ -231,7 +231,7 @@ static struct value device_value(enum metric_id id, int dev, const struct gg_dev
     case M_memory_limit:
         return d->total ? whole(d->limit) : none;
     case M_near_miss_line:
-        return d->total ? whole(d->limit > d->near ? d->limit - d->near : 0) : none;
+        return d->total ? whole(gg_device_line(d)) : none;
     case M_device_used:
         return whole(gg_device_estimate(d));
     case M_device_peak:

@@ -219,7 +219,7 @@ static void forecast(const struct gg_device *d, const struct steps *s, uint64_t 
 {
     double x[HIST], y[HIST], slope, intercept, z;
     bool need;
-    uint64_t line = d->limit > d->near ? d->limit - d->near : 0;
+    uint64_t line = gg_device_line(d);
     /* The line is on the device's used memory, so is the trend: the
      * step's device-wide need (context and other processes included). */
     int n = need_series(s, x, y, &need);
@@ -254,7 +254,7 @@ static void forecast(const struct gg_device *d, const struct steps *s, uint64_t 
 bool gg_steps_predict(const struct gg_device *d, int dev, uint64_t tokens, uint64_t *bytes,
                       bool *beyond, uint64_t *at_most)
 {
-    double x[HIST], y[HIST], slope, intercept, z, most = 0;
+    double x[HIST], y[HIST], slope, intercept, z, most = 0, least = 0;
     int n = 0, distinct = 0;
     if ((unsigned)dev >= GG_MAX_DEVICES || !d || !tokens)
         return false;
@@ -271,19 +271,16 @@ bool gg_steps_predict(const struct gg_device *d, int dev, uint64_t tokens, uint6
         x[n] = s->p[i].tokens;
         y[n++] = s->p[i].need;
         most = fmax(most, s->p[i].tokens);
+        least = n == 1 ? s->p[i].tokens : fmin(least, s->p[i].tokens);
     }
     gg_spin_unlock(&s->lock);
     if (n < FORECAST_MIN || distinct < 3)
         return false;
     gg_steps_trend(x, y, n, &slope, &intercept, &z);
-    double lo = x[0], hi = x[0];
-    for (int i = 1; i < n; i++) {
-        lo = fmin(lo, x[i]);
-        hi = fmax(hi, x[i]);
-    }
     /* The need must follow the tokens: a real rise with them, well out of
      * the noise around the line. */
-    if (z < FORECAST_Z || slope <= 0 || slope * (hi - lo) <= 3 * spread(x, y, n, slope, intercept))
+    if (z < FORECAST_Z || slope <= 0 ||
+        slope * (most - least) <= 3 * spread(x, y, n, slope, intercept))
         return false;
     double p = intercept + slope * (double)tokens, q = intercept + slope * most;
     *bytes = p > 0 ? (uint64_t)p : 0;
@@ -296,6 +293,13 @@ bool gg_steps_predict(const struct gg_device *d, int dev, uint64_t tokens, uint6
 /* Leaks: the trend of the live bytes at the boundaries says one is
  * suspected; out->leak when it is new, or its rate or top site changed
  * since it was said. */
+/* A leak suspected, said or agreed on no more: the finder starts again. */
+static void drop_suspicion(struct steps *s)
+{
+    s->suspected = s->said = false;
+    s->agree = 0;
+}
+
 static void leak(const struct gg_device *d, int dev, struct steps *s, uint64_t step,
                  struct gg_step_verdict *out)
 {
@@ -319,9 +323,7 @@ static void leak(const struct gg_device *d, int dev, struct steps *s, uint64_t s
     double rise = slope * (x[n - 1] - x[0]);
     double least = fmax(1 << 20, (double)d->total / 10000); /* 1 MiB a step, or 0.01% */
     if (z < LEAK_Z || slope < least || rise <= 6 * spread(x, y, n, slope, intercept)) {
-        s->suspected = false;
-        s->said = false;
-        s->agree = 0;
+        drop_suspicion(s);
         return;
     }
     if (++s->agree < LEAK_PERSIST)
@@ -378,8 +380,7 @@ void gg_steps_leak_cleared(int dev, uint64_t step)
         s->quiet = LEAK_QUIET;
     s->quiet_until = step + s->quiet;
     s->quiet *= 2;
-    s->suspected = s->said = false;
-    s->agree = 0;
+    drop_suspicion(s);
     atomic_store_explicit(&s->now_leak_rate, 0, memory_order_relaxed);
     atomic_store_explicit(&s->now_leak_projected, 0, memory_order_relaxed);
     gg_spin_unlock(&s->lock);
@@ -634,8 +635,7 @@ void gg_steps_reset(int dev)
         return;
     st[dev].n = 0;
     st[dev].boundaries = 0;
-    st[dev].suspected = st[dev].said = false;
-    st[dev].agree = 0;
+    drop_suspicion(&st[dev]);
     st[dev].trend_rate = st[dev].said_trend = 0;
     st[dev].quiet_until = st[dev].quiet = 0;
     atomic_store_explicit(&st[dev].now_leak_rate, 0, memory_order_relaxed);

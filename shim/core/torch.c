@@ -191,7 +191,9 @@ void gg_torch_forecast(int dev, uint64_t fc_step)
         want(dev, K_FORECAST, 0); /* once per step named */
 }
 
-bool gg_torch_can_check(void)
+/* Can a suspected leak be checked (the instrumentation attached, the
+ * interpreter can be asked)? */
+static bool can_check(void)
 {
     return atomic_load(&callback) && gg_pycall_is_open();
 }
@@ -199,7 +201,7 @@ bool gg_torch_can_check(void)
 bool gg_torch_leak(int dev, uint64_t step, const struct gg_step_verdict *v)
 {
     uint64_t none = 0;
-    if ((unsigned)dev >= GG_MAX_DEVICES || !gg_torch_can_check())
+    if ((unsigned)dev >= GG_MAX_DEVICES || !can_check())
         return false;
     if (atomic_exchange(&checking[dev], true))
         return true; /* one at a time per device: this suspicion waits for its answer */

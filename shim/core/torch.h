@@ -60,9 +60,6 @@ void gg_torch_incident(int dev, int incident, uint64_t bytes, bool ask);
 void gg_torch_boundary(uint64_t step);
 /* The forecast at this boundary names step fc_step on device dev. */
 void gg_torch_forecast(int dev, uint64_t fc_step);
-/* Can a suspected leak be checked (the instrumentation attached, the
- * interpreter can be asked)? */
-bool gg_torch_can_check(void);
 /* A leak was suspected on device dev at the boundary of step `step` (v: what
  * the steps found): checked by PyTorch's history (on for step + 1, read at
  * the end of step + 2: what step + 1 allocated and kept), then said as a

@@ -140,7 +140,7 @@ GG_EXPORT int gpuguard_predict(int dev, unsigned long long tokens,
     struct gg_steps_model m;
     bool ok = gg_steps_model(dev, tokens, &m);
     memset(out, 0, sizeof *out);
-    out->line = d->limit > d->near ? d->limit - d->near : 0;
+    out->line = gg_device_line(d);
     out->steps = m.steps;
     out->most_tokens = m.most_tokens;
     out->max_tokens = (unsigned long long)gg_device_policy(dev)->s.max_tokens;

@@ -171,6 +171,7 @@ static void child_after_fork(void)
 }
 
 static void catch_term(void);
+static void set_exit_status(int status);
 
 /* An on_exit handler (glibc): told the status exit() was called with,
  * also when libc calls it as main returns (Python's Py_BytesMain returns 1
@@ -178,7 +179,7 @@ static void catch_term(void);
 static void at_exit(int status, void *arg)
 {
     (void)arg;
-    gg_life_exit_status(status);
+    set_exit_status(status);
     gg_life_finish();
 }
 
@@ -394,7 +395,7 @@ void gg_life_shape(const long long *dims, int ndims, int batch_dim)
         if (!d || !device_used(d, i) || !gg_device_policy(i)->s.forecast)
             continue;
         gg_steps_now(i, &now);
-        uint64_t line = d->limit > d->near ? d->limit - d->near : 0, step = now.step + 1;
+        uint64_t line = gg_device_line(d), step = now.step + 1;
         /* the first input to cross: the run's largest so far did not */
         if (!now.steps || atomic_load(&shape_forecast1[i]) == step + 1 ||
             !gg_steps_predict(d, i, tokens, &bytes, &beyond, &most) || !beyond ||
@@ -417,7 +418,9 @@ static _Atomic int exit_status1; /* + 1; 0: not seen */
 static char uncaught[512];
 static _Atomic bool has_uncaught;
 
-void gg_life_exit_status(int status)
+/* The program's exit status: what exit() was called with (by the
+ * program, or by libc as main returned); the summary carries it. */
+static void set_exit_status(int status)
 {
     atomic_store(&exit_status1, (status & 0xff) + 1);
 }

@@ -94,9 +94,6 @@ void gg_life_shape(const long long *dims, int ndims, int batch_dim);
 void gg_life_needed(int dev, unsigned long long bytes);
 /* The program is ending with this uncaught error (gpuguard_uncaught). */
 void gg_life_uncaught(const char *what);
-/* The program's exit status: what exit() was called with (by the
- * program, or by libc as main returned); the summary carries it. */
-void gg_life_exit_status(int status);
 
 /* Write the summary now if it has not been written (exit path). */
 void gg_life_finish(void);
