@@ -175,7 +175,6 @@ def _from_signal(e):
             tb = tb.tb_next
     except Exception as exc:
         _debug.swallowed("torch_instrument._from_signal", exc)
-        pass
     return False
 
 
@@ -270,7 +269,6 @@ class _Instrument(object):
                 self.fn_detach()
             except Exception as exc:
                 _debug.swallowed("torch_instrument.detach", exc)
-                pass
 
     def _observe_when_cuda_starts(self):
         """PyTorch's OOM observer, attached once CUDA is initialized:
@@ -546,7 +544,6 @@ class _Instrument(object):
                 tell(_utf8("%s: %s" % (name, text[0]) if text else name, 480))
             except Exception as exc:
                 _debug.swallowed("torch_instrument.excepthook", exc)
-                pass
             return previous(etype, value, tb)
         sys.excepthook = excepthook
 
@@ -656,7 +653,6 @@ class _Instrument(object):
                 self.fn_raise(e)
         except Exception as exc:
             _debug.swallowed("torch_instrument._hand_back", exc)
-            pass
 
     @staticmethod
     def _in_observer():
@@ -737,7 +733,6 @@ class _Instrument(object):
                 inst.history = False  # the program's now, whoever turned it on before
             except Exception as exc:
                 _debug.swallowed("torch_instrument._record_memory_history", exc)
-                pass
             return original(*args, **kwargs)
         functools.update_wrapper(_record_memory_history, original)
         _record_memory_history._gpuguard_original = original

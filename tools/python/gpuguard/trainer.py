@@ -667,10 +667,10 @@ class Guard(object):
         if not self._by_shape or not self.active or not self._native.has("gpuguard_predict"):
             return None
         try:
-            shape = _split.input_shape(batch)
-            n = _split.batch_length(batch)
-            if not shape or not n or shape[0] != n:
+            shape = _split.input_shape(batch)   # batch first, as batch_length counts it
+            if not shape or not shape[0]:
                 return None
+            n = shape[0]
             tokens = 1
             for d in shape:
                 tokens *= d

@@ -58,6 +58,7 @@ class Device(object):
         self.peers_peak = None         # the most they held or claimed at once
         self.work = Workload()         # steps' inputs and needs, failures' outcomes
         self.sizing = Sizing()         # steps' predicted peaks beside their measured ones
+        self.shapes = None             # (steps seen, the report's Shapes of them): built once
 
     # What a device's entry says: the start's all of these, the summary's
     # the first of each.

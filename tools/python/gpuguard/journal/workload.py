@@ -31,8 +31,6 @@ class Workload(object):
         self.points = []
         self.stride = 1
         self.seen = 0
-        self.shaped = 0              # step lines with a shape
-        self.needs = 0               # step lines with a need
         self.first_shape = None      # (step, shape, tokens)
         self.last_shape = None
         self.longest = None          # (step, shape, tokens, batch) of the most tokens
@@ -42,8 +40,7 @@ class Workload(object):
         self.failures_head = []
         self.failures_tail = collections.deque(maxlen=FAILURES_KEPT)
         self.recovered_lines = 0     # journaled lines recovered (thinned per site)
-        self.raised = []             # lines not recovered (the program saw them), first 64
-        self.raised_count = 0
+        self.raised_count = 0        # lines not recovered (the program saw them)
         self.flush_steps = []        # step lines with flushes, first FIT_POINTS
         self.flush_step_lines = 0
         # what a view's moment needs: the steps that had an incident or a
@@ -67,13 +64,11 @@ class Workload(object):
             if len(self.flush_steps) < FIT_POINTS:
                 self.flush_steps.append(step)
         if needed is not None:
-            self.needs += 1
             if self.max_needed is None or needed > self.max_needed[1]:
                 self.max_needed = (step, needed)
         if step in self.wanted and len(self.need_at) < NEEDS_KEPT:
             self.need_at[step] = (needed, peak)
         if shape is not None and tokens is not None:
-            self.shaped += 1
             if self.first_shape is None:
                 self.first_shape = (step, shape, tokens)
             self.last_shape = (step, shape, tokens)
@@ -114,8 +109,6 @@ class Workload(object):
             self.recovered_lines += 1
         else:
             self.raised_count += 1
-            if len(self.raised) < FAILURES_KEPT:
-                self.raised.append(f)
         return f
 
     def failures(self):

@@ -157,7 +157,6 @@ class _Probe(object):
                     self.input = best
         except Exception as exc:
             _debug.swallowed("preflight.probe._on_forward_pre", exc)
-            pass
 
     def _larger(self, best, a):
         Tensor = self.torch.Tensor
@@ -197,7 +196,6 @@ class _Probe(object):
             s[0] += 1
         except Exception as exc:
             _debug.swallowed("preflight.probe._site", exc)
-            pass
 
     def _wrap(self, owner, name, kind, when):
         original = getattr(owner, name, None)
@@ -212,7 +210,6 @@ class _Probe(object):
                     site(kind, name)
             except Exception as exc:
                 _debug.swallowed("preflight.probe.wrapper", exc)
-                pass
             return original(*args, **kwargs)
         wrapper._gpuguard_preflight = True
         try:
@@ -265,7 +262,6 @@ class _Probe(object):
                 self.torch._C._cuda_attach_out_of_memory_observer(self._on_oom)
             except Exception as exc:
                 _debug.swallowed("preflight.probe.attach", exc)
-                pass
         if cuda.is_initialized():
             attach()
             return
@@ -336,7 +332,6 @@ class _Probe(object):
                 self.write(dict(ev="dist", **self.dist))
         except Exception as exc:
             _debug.swallowed("preflight.probe._note_dist", exc)
-            pass
 
     # --- the end -------------------------------------------------------------------
 
@@ -364,7 +359,6 @@ class _Probe(object):
             self._end("exit")
         except Exception as exc:
             _debug.swallowed("preflight.probe._at_exit", exc)
-            pass
 
     def _sampler(self):
         while not self.ended:
@@ -377,4 +371,3 @@ class _Probe(object):
                             "max_needed": needed})
             except Exception as exc:
                 _debug.swallowed("preflight.probe._sampler", exc)
-                pass

@@ -218,7 +218,7 @@ def _survived(r, hi, eff):
     if not ok:
         return
     b, p = max(ok)
-    why = r.need or getattr(r, "refused_fit", None) or "no fit"
+    why = r.need or r.refused_fit or "no fit"
     _propose(r, b, eff, p)
     r.why = "the largest batch this run finished (peak %s), which it survived; no larger one " \
             "is proposed: %s" % (fmt_bytes(p), why)

@@ -11,7 +11,7 @@ from .formatting import fmt_bytes, fmt_count, fmt_pct, fmt_size, fmt_t, plural
 from .groups import GROUPS_SHOWN
 from .torchtext import expandable_on, expandable_peak
 from .verdict import forecast_text, leak_text, outcomes_text, with_outcomes
-from .workload import Shapes, flush_story
+from .workload import flush_story, shapes_of
 
 
 def mode_text(d):
@@ -182,7 +182,7 @@ def device_rows(j, d, opts):
     if f["advice_unheard"]:
         events += " (and %s no trainer heard)" % fmt_count(f["advice_unheard"])
     rows.append(("events", [events]))
-    shapes = Shapes(d, f)
+    shapes = shapes_of(d)
     if d.steps:
         rate = d.step_rate()
         last = f["last_step"] if f["last_step"] is not None else (
@@ -212,7 +212,7 @@ def device_rows(j, d, opts):
         fit = shapes.fit_text()
         if fit and shapes.kind == "vary":
             rows.append(("by tokens", [fit]))
-    flushes = flush_story(j, d, f, shapes, expandable_on(j, d))
+    flushes = flush_story(d, f, shapes, expandable_on(j, d))
     if flushes:
         rows.append(("flushes", [flushes]))
     path = batch_path(d)

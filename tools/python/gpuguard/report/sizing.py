@@ -3,7 +3,7 @@ predicted peak compared with what it measured, the model as fitted at
 exit, and a chart of predicted against measured peaks."""
 
 from ..journal.sizing import model_of
-from .formatting import fmt_bytes, fmt_count, fmt_size
+from .formatting import fmt_bytes, fmt_count, fmt_size, plural
 from .markup import esc
 from .svg import byte_unit, nice_step
 
@@ -20,7 +20,7 @@ def sizing_lines(d):
         out.append("Batches sized by their shape: %s predicted before they ran; predicted "
                    "against measured: median error %.1f%%, the largest %+.1f%% (step %s: "
                    "predicted %s, measured %s)" % (
-                       "1 step" if s.count == 1 else "%s steps" % fmt_count(s.count),
+                       plural(s.count, "step"),
                        100 * med, 100 * err, fmt_count(step), fmt_bytes(predicted),
                        fmt_bytes(measured)))
     if model is not None:
@@ -29,13 +29,9 @@ def sizing_lines(d):
                    "with a shape, the largest %s tokens" % (
                        fmt_size(model["intercept"]), fmt_size(model["per_token"]),
                        " + %.3g B per token squared" % quad if quad > 0 else "",
-                       fmt_size(model["sigma"] or 0), plural_steps(model["steps"]),
+                       fmt_size(model["sigma"] or 0), plural(model["steps"], "step"),
                        fmt_count(model["most_tokens"])))
     return out
-
-
-def plural_steps(n):
-    return "1 step" if n == 1 else "%s steps" % fmt_count(n)
 
 
 def svg_sizing(d, width=960, height=280):

@@ -15,7 +15,7 @@ from ..journal.workload import shape_of
 from .formatting import fmt_about, fmt_bytes, fmt_count, fmt_pct, fmt_size, fmt_t, fmt_wall, plural
 from .torchtext import (expandable_on, failure_sentence, forecast_tensors, leak_tensors,
                         raised_lines)
-from .workload import Shapes, flush_story, shape_text
+from .workload import flush_story, shape_text, shapes_of
 
 
 def aligned(journals):
@@ -202,11 +202,11 @@ def verdict(journals, secs):
                 tensors = forecast_tensors(j, d)
                 if tensors:
                     out.append("  " + tensors)
-            shapes = Shapes(d, f)
+            shapes = shapes_of(d)
             broke = shape_breaking_text(j, d, shapes)
             if broke:
                 later.append("%s %s: %s" % (j.who, d.label, broke))
-            flushes = flush_story(j, d, f, shapes, expandable_on(j, d))
+            flushes = flush_story(d, f, shapes, expandable_on(j, d))
             if flushes:
                 later.append("%s %s: cache flushes: %s" % (j.who, d.label, flushes))
     top = headline(journals)

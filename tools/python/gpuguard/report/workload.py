@@ -52,7 +52,7 @@ def least_squares(points):
     return a, b, (1.0 - res / syy) if syy > 0 else 1.0
 
 
-def shape_text(shape, batch_dim=None):
+def shape_text(shape):
     """[16, 7556] as `16 x 7 556`."""
     return " x ".join(fmt_count(v) for v in shape)
 
@@ -71,10 +71,20 @@ def varying_dim(shapes):
     return best
 
 
+def shapes_of(d):
+    """The device's Shapes, built once for the steps it has read: the text's
+    rows, the verdict and the page all ask (a fit over up to FIT_POINTS
+    steps, and a rank correlation over their pairs)."""
+    kept = d.shapes
+    if kept is None or kept[0] != d.work.seen:
+        kept = d.shapes = (d.work.seen, Shapes(d))
+    return kept[1]
+
+
 class Shapes(object):
     """A device's steps against their inputs."""
 
-    def __init__(self, d, f):
+    def __init__(self, d):
         w = d.work
         self.d = d
         pts = [p for p in w.points if p[1] is not None and p[5] is not None]
@@ -173,7 +183,7 @@ class Shapes(object):
 
 # ---- cache flushes -------------------------------------------------------------------
 
-def flush_story(j, d, f, shapes, expandable):
+def flush_story(d, f, shapes, expandable):
     """The failures PyTorch recovered from, as a cost: `20 OOMs PyTorch
     recovered from by emptying its cache and retrying, in 19 steps (10 ..
     34): ...; cause ...; fix ...`; None when there were none."""
